@@ -1,0 +1,5 @@
+import sys
+
+from fl.train import main
+
+sys.exit(main())

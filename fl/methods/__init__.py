@@ -1,0 +1,2 @@
+"""Importing this package registers every method (one module each)."""
+from fl.methods import centralized, fedavg, fedavg_ft, fedprox, local  # noqa: F401

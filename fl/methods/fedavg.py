@@ -1,0 +1,19 @@
+"""FedAvg (McMahan et al., 2017): local SGD on each client, server averages with weights n_i / N."""
+from dataclasses import dataclass
+
+from fl.client import ClientModule
+from fl.config import MethodConfig
+from fl.registry import register_method
+from fl.server import Server
+
+
+@dataclass
+class FedAvgConfig(MethodConfig):
+    name: str = "fedavg"
+
+
+class FedAvgClient(ClientModule):
+    """Cross-entropy on the client's data; everything is shared (the base-class defaults)."""
+
+
+register_method("fedavg", FedAvgConfig, FedAvgClient, Server)

@@ -1,0 +1,32 @@
+"""FedProx (Li et al., 2020): FedAvg with a proximal term (mu/2)||w - w_global||^2 in the client loss."""
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fl.client import ClientModule
+from fl.config import MethodConfig, param
+from fl.registry import register_method
+from fl.server import Server
+
+
+@dataclass
+class FedProxConfig(MethodConfig):
+    name: str = "fedprox"
+    mu: float = param(0.01, ge=0.0, search={"distribution": "log_uniform_values", "min": 1e-4, "max": 1.0},
+                      help="proximal weight mu")
+
+
+class FedProxClient(ClientModule):
+    def on_local_train_start(self) -> None:
+        # the global model received this round; the anchor of the proximal term
+        self.anchor = [p.detach().clone() for p in self.parameters()]
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        ce = F.cross_entropy(self(x), y)
+        prox = sum(torch.sum((p - a) ** 2) for p, a in zip(self.parameters(), self.anchor))
+        return {"loss": ce + 0.5 * self.hp.mu * prox, "ce": ce.detach(), "prox": prox.detach()}
+
+
+register_method("fedprox", FedProxConfig, FedProxClient, Server)

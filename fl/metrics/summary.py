@@ -1,0 +1,30 @@
+"""Final / best / mean-of-last-K summaries of a run's metric history."""
+from __future__ import annotations
+
+import math
+
+
+def higher_is_better(key: str) -> bool:
+    return "loss" not in key and "std" not in key
+
+
+def summarize_history(history: list[dict], last_k: int) -> dict:
+    """For each metric that was logged on evaluation rounds: its final value, best value (and round),
+    and mean over the last K evaluations. Per-client keys (client/<i>/...) are left to metrics.jsonl."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for row in history:
+        for key, value in row.items():
+            if key == "round" or key.startswith("client/") or not isinstance(value, (int, float)):
+                continue
+            if isinstance(value, float) and math.isnan(value):
+                continue
+            series.setdefault(key, []).append((row["round"], float(value)))
+    final, best, best_round, last = {}, {}, {}, {}
+    for key, points in series.items():
+        final[key] = points[-1][1]
+        values = [v for _, v in points]
+        v = max(values) if higher_is_better(key) else min(values)
+        best[key], best_round[key] = v, points[values.index(v)][0]
+        tail = values[-last_k:]
+        last[key] = sum(tail) / len(tail)
+    return {"final": final, "best": best, "best_round": best_round, f"mean_last_{last_k}": last, "last_k": last_k}

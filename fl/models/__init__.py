@@ -1,0 +1,15 @@
+"""Models registered by name. Every model is `head(backbone(x))`, so methods can share or keep either part."""
+from __future__ import annotations
+
+from omegaconf import DictConfig
+from torch import nn
+
+from fl.models.small import BackboneHead, cnn, logistic, mlp  # noqa: F401  (registers the models)
+from fl.registry import MODELS
+
+
+def build_model(cfg: DictConfig, input_shape: tuple, num_classes: int) -> BackboneHead:
+    return MODELS[cfg.model.name](cfg.model, tuple(input_shape), num_classes)
+
+
+__all__ = ["BackboneHead", "build_model", "nn"]

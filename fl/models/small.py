@@ -1,0 +1,47 @@
+"""Small models for CPU-scale experiments: a CNN, an MLP and multinomial logistic regression."""
+from __future__ import annotations
+
+import math
+
+from torch import Tensor, nn
+
+from fl.registry import register_model
+
+
+class BackboneHead(nn.Module):
+    """`backbone` maps inputs to features of size `feature_dim`; `head` is the linear classifier."""
+
+    def __init__(self, backbone: nn.Module, feature_dim: int, num_classes: int):
+        super().__init__()
+        self.backbone = backbone
+        self.feature_dim = feature_dim
+        self.head = nn.Linear(feature_dim, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.backbone(x))
+
+
+@register_model("cnn")
+def cnn(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
+    """Two conv blocks and a hidden layer (the FedAvg-paper CNN, scaled by `model.width`)."""
+    c, h, w = input_shape
+    width = cfg.width
+    backbone = nn.Sequential(
+        nn.Conv2d(c, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(2 * width * (h // 4) * (w // 4), 4 * width), nn.ReLU(),
+    )
+    return BackboneHead(backbone, 4 * width, num_classes)
+
+
+@register_model("mlp")
+def mlp(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
+    d = math.prod(input_shape)
+    backbone = nn.Sequential(nn.Flatten(), nn.Linear(d, 4 * cfg.width), nn.ReLU(),
+                             nn.Linear(4 * cfg.width, 4 * cfg.width), nn.ReLU())
+    return BackboneHead(backbone, 4 * cfg.width, num_classes)
+
+
+@register_model("logistic")
+def logistic(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
+    return BackboneHead(nn.Flatten(), math.prod(input_shape), num_classes)
