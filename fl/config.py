@@ -65,6 +65,8 @@ class FabricConfig:
         "32-true", choices=["32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
     )
     num_nodes: int = param(1, ge=1)
+    cpu_threads: Optional[int] = param(None, ge=1, help="torch intra-op threads per process; CPU kernels reduce "
+                                       "in a thread-dependent order, so fix it to compare runs bitwise")
 
 
 @dataclass
@@ -132,14 +134,14 @@ class Config:
 RESUMABLE_KEYS = ("trainer.rounds", "fabric.", "logger.", "resume")
 
 
-def _suggest(word: str, choices) -> str:
+def _suggest(word: str, choices, prefix: str = "") -> str:
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
-    return f"; did you mean '{close[0]}'?" if close else ""
+    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
 
 
 def _choices_msg(key: str, value: Any, choices) -> str:
     choices = sorted(str(c) for c in choices)
-    return f"{key}={value!r} is not valid{_suggest(value, choices)} choices: {', '.join(choices)}"
+    return f"{key}={value!r} is not valid{_suggest(value, choices)}; choices: {', '.join(choices)}"
 
 
 def available_confs() -> list[str]:
@@ -156,7 +158,7 @@ def resolve_conf_path(name: str) -> Path:
     path = CONF_DIR / f"{name}.yaml"
     if path.is_file():
         return path
-    raise ConfigError(f"conf={name!r} is not a config{_suggest(name, available_confs())} "
+    raise ConfigError(f"conf={name!r} is not a config{_suggest(name, available_confs())}; "
                       f"choices: {', '.join(available_confs())} (or a path to a .yaml file)")
 
 
@@ -196,7 +198,8 @@ def _omegaconf_message(err: OmegaConfBaseException, schema: DictConfig) -> str:
         node = OmegaConf.select(schema, parent) if parent else schema
         valid = list(node.keys()) if isinstance(node, DictConfig) else []
         where = f"under '{parent}'" if parent else "at the top level"
-        return f"unknown key '{key}'{_suggest(leaf, valid)} valid keys {where}: {', '.join(valid)}"
+        hint = _suggest(leaf, valid, f"{parent}." if parent else "")
+        return f"unknown key '{key}'{hint}; valid keys {where}: {', '.join(valid)}"
     if isinstance(err, ValidationError):
         expected = ""
         node_type = None

@@ -75,7 +75,12 @@ def _run(argv: list[str]) -> int:
 
         data = build_data(cfg)
         server = METHODS[cfg.method.name].server_cls(cfg)
-        make_fabric(cfg, [], [])  # validates accelerator/devices/strategy before anything is written
+        try:  # Fabric validates accelerator / devices / strategy before anything is written
+            make_fabric(cfg, [], [])
+        except (ValueError, RuntimeError, TypeError) as err:
+            f = cfg.fabric
+            raise ConfigError(f"fabric.accelerator={f.accelerator!r} fabric.devices={f.devices!r} "
+                              f"fabric.strategy={f.strategy!r} rejected: {str(err).splitlines()[0]}") from None
     except ConfigError as err:
         return _fail(str(err), 2)
     except (ValueError, RuntimeError, FileNotFoundError) as err:
@@ -90,6 +95,10 @@ def _run(argv: list[str]) -> int:
     wandb_logger = make_wandb_logger(cfg, run_dir, run_dir.name)
     fabric = make_fabric(cfg, [server], [jsonl] + ([wandb_logger] if wandb_logger else []))
     fabric.launch()
+    if cfg.fabric.cpu_threads:
+        import torch
+
+        torch.set_num_threads(cfg.fabric.cpu_threads)
     orch = Orchestrator(cfg, fabric, data, server, run_dir, jsonl)
     if cfg.resume:
         orch.restore()

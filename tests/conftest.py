@@ -1,0 +1,35 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A small, fast federation used across tests (seconds per run on a 2-core CPU).
+TINY = ["logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients=6", "data.samples_per_class=40",
+        "data.min_client_size=5", "model.width=4", "trainer.rounds=3", "trainer.batch_size=16",
+        "trainer.participation=0.5", "trainer.checkpoint_every=2", "trainer.eval_every=1"]
+
+
+def run_cli(args, cwd, env=None, script=("-m", "fl.train")):
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env.pop("FL_RUN_DIR", None)
+    return subprocess.run([sys.executable, *script, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def out(tmp_path):
+    """Output dir and the data cache live in the test's tmp dir."""
+    return tmp_path
+
+
+def tiny(out: Path, *extra: str) -> list[str]:
+    return TINY + [f"logger.output_dir={out / 'outputs'}", f"data.root={out / 'data'}", *extra]

@@ -1,0 +1,58 @@
+"""Bad configuration fails before any work: exit 2, one line naming the key, no run directory."""
+import pytest
+from omegaconf import OmegaConf
+
+from fl.config import ConfigError, load_config
+from fl.train import main
+from tests.conftest import run_cli, tiny
+
+
+@pytest.mark.parametrize("arg, words", [
+    ("optim.lr=-1", ["optim.lr", "> 0"]),
+    ("trainer.participation=1.5", ["trainer.participation", "<= 1"]),
+    ("trainer.participation=0", ["trainer.participation", "> 0"]),
+    ("trainer.rounds=abc", ["trainer.rounds", "int"]),
+    ("trainer.roundz=3", ["trainer.roundz", "did you mean 'trainer.rounds'"]),
+    ("method.name=fedavgg", ["method.name", "did you mean 'fedavg'", "fedprox"]),
+    ("data.name=cifar11", ["data.name", "embedded"]),
+    ("model.name=resnet", ["model.name", "cnn"]),
+    ("optim.name=sgdd", ["optim.name", "did you mean 'sgd'"]),
+    ("method.mu=0.1", ["method.mu"]),  # fedavg has no mu
+    ("conf=quickstrat", ["conf", "did you mean 'quickstart'"]),
+    ("conf=missing/file.yaml", ["conf", "not found"]),
+    ("trainer.rounds", ["key=value"]),
+    ("fabric.accelerator=cuda", ["fabric.accelerator='cuda'"]),
+    ("data.num_clients=500", ["data.min_client_size"]),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(out, capsys, arg, words):
+    assert main(tiny(out, arg)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert not (out / "outputs").exists()
+
+
+def test_cli_exit_code_is_2(out):
+    res = run_cli(tiny(out, "optim.lr=-1"), cwd=out)
+    assert res.returncode == 2 and res.stderr.strip() == "error: optim.lr=-1.0 is out of range; it must be > 0.0"
+    assert not (out / "outputs").exists()
+
+
+def test_method_block_is_typed_per_method():
+    cfg = load_config(["method.name=fedprox", "method.mu=0.5"])
+    assert cfg.method.mu == 0.5 and OmegaConf.get_type(cfg.method).__name__ == "FedProxConfig"
+    with pytest.raises(ConfigError, match="method.mu"):
+        load_config(["method.name=fedprox", "method.mu=-1"])
+
+
+def test_local_steps_override_epochs_in_resolved_config():
+    cfg = load_config(["trainer.local_steps=7"])
+    assert cfg.trainer.local_steps == 7 and cfg.trainer.local_epochs is None
+
+
+def test_resume_refuses_to_change_the_experiment(tmp_path):
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(load_config([])))
+    with pytest.raises(ConfigError, match="optim.lr cannot change"):
+        load_config([f"resume={tmp_path}", "optim.lr=0.1"])
+    assert load_config([f"resume={tmp_path}", "trainer.rounds=50"]).trainer.rounds == 50

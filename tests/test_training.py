@@ -1,0 +1,178 @@
+"""End-to-end runs of the FedAvg family: hand computation, equalities between methods and code paths,
+faults, Ctrl-C, kill-and-resume, and 1-vs-2 processes."""
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fl.client import ClientModule
+from fl.config import MethodConfig, load_config
+from fl.data import batch_indices, build_data
+from fl.models import build_model
+from fl.orchestrator import Orchestrator, sample_clients
+from fl.registry import register_method
+from fl.seeding import generator, seed_torch
+from fl.server import Server
+from fl.train import main
+from tests.conftest import ROOT, read_metrics, run_cli, tiny
+
+
+def run(out: Path, *extra: str, name: str) -> Path:
+    assert main(tiny(out, f"logger.run_name={name}", *extra)) == 0
+    return out / "outputs" / name
+
+
+def global_params(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt")["server"]["global_params"]
+
+
+def test_fedavg_equals_a_hand_written_loop(out):
+    extra = ("trainer.rounds=2", "trainer.participation=0.5", "optim.momentum=0.9", "optim.weight_decay=0.001")
+    got = global_params(run(out, *extra, name="fw"))
+    cfg = load_config(tiny(out, *extra))
+    data = build_data(cfg)
+    seed_torch(cfg.seed, 0, -1, "init")
+    model = build_model(cfg, data.input_shape, data.num_classes)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for rnd in range(2):
+        sums, total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in state.items()}, 0
+        for cid in sample_clients(cfg.seed, rnd, data.num_clients, cfg.trainer.participation):
+            model.load_state_dict(state)
+            opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=0.9, weight_decay=0.001)
+            train = data.clients[cid].train
+            seed_torch(cfg.seed, rnd, cid, "train")
+            for _, idx in batch_indices(len(train), cfg.trainer.batch_size, generator(cfg.seed, rnd, cid, "train"),
+                                        epochs=1):
+                if idx is not None:
+                    opt.zero_grad()
+                    F.cross_entropy(model(train.x[idx]), train.y[idx]).backward()
+                    opt.step()
+            for k, v in model.state_dict().items():
+                sums[k] += len(train) * v.double()  # FedAvg: weights n_i / N
+            total += len(train)
+        state = {k: (s / total).float() for k, s in sums.items()}
+    assert got.keys() == {f"model.{k}" for k in state}
+    for k, v in state.items():
+        torch.testing.assert_close(got[f"model.{k}"], v, rtol=0, atol=1e-6)
+
+
+def test_fedprox_with_mu_zero_equals_fedavg(out):
+    a = run(out, "method.name=fedavg", name="avg")
+    b = run(out, "method.name=fedprox", "method.mu=0", name="prox")
+    strip = lambda rows: [{k: v for k, v in r.items() if k.startswith("test/")} for r in rows]  # noqa: E731
+    assert strip(read_metrics(a)) == strip(read_metrics(b))
+    ga, gb = global_params(a), global_params(b)
+    assert all(torch.equal(ga[k], gb[k]) for k in ga)
+
+
+def test_fedavg_ft_without_finetuning_equals_fedavg_and_finetuning_changes_eval(out):
+    a = read_metrics(run(out, "method.name=fedavg", name="avg"))
+    b = read_metrics(run(out, "method.name=fedavg_ft", "method.finetune_epochs=0", name="ft0"))
+    c = read_metrics(run(out, "method.name=fedavg_ft", "method.finetune_epochs=2", name="ft2"))
+    assert [r["test/acc_mean_clients"] for r in a] == [r["test/acc_mean_clients"] for r in b]
+    assert [r["test/acc_global"] for r in a] == [r["test/acc_global"] for r in c]  # global model untouched
+    assert [r["test/acc_mean_clients"] for r in a] != [r["test/acc_mean_clients"] for r in c]
+
+
+def test_every_method_trains_the_same_sampled_clients(out):
+    rows = {m: read_metrics(run(out, f"method.name={m}", name=m)) for m in ("fedavg", "fedprox", "local")}
+    clients = {m: [sorted(k for k in r if k.endswith("/loss") and k.startswith("client/")) for r in rs]
+               for m, rs in rows.items()}
+    assert clients["fedavg"] == clients["fedprox"] == clients["local"]
+
+
+def test_local_never_communicates_and_centralized_trains_on_pooled_data(out):
+    loc = run(out, "method.name=local", name="local")
+    ckpt = torch.load(loc / "checkpoints" / "last.ckpt")
+    assert ckpt["server"]["global_params"] == {}  # nothing is shared
+    states = ckpt["clients"]
+    a, b = (states[c]["private"]["model.head.weight"] for c in list(states)[:2])
+    assert not torch.equal(a, b)  # each client has its own model
+    assert "test/acc_global" not in read_metrics(loc)[-1]
+    cen = read_metrics(run(out, "method.name=centralized", name="cen"))
+    assert all(r["train/clients"] == 1.0 for r in cen) and "test/acc_global" in cen[-1]
+
+
+# ---- faults --------------------------------------------------------------------------------------
+@dataclass
+class NanConfig(MethodConfig):
+    name: str = "test_nan_at_round_2"
+
+
+class NanClient(ClientModule):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.round == 2 else loss
+
+
+register_method("test_nan_at_round_2", NanConfig, NanClient, Server)
+
+
+def test_nan_loss_stops_the_run_naming_method_client_round_and_keeps_the_checkpoint(out, capsys):
+    code = main(tiny(out, "method.name=test_nan_at_round_2", "trainer.rounds=4", "trainer.checkpoint_every=1",
+                     "logger.run_name=nan"))
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "method 'test_nan_at_round_2'" in err and "round 2" in err and "client " in err
+    ckpt = torch.load(out / "outputs" / "nan" / "checkpoints" / "last.ckpt")
+    assert ckpt["round"] == 1 and all(torch.isfinite(v).all() for v in ckpt["server"]["global_params"].values())
+    assert not (out / "outputs" / "nan" / "summary.json").exists()
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_same_run(out, monkeypatch):
+    full = run(out, "trainer.rounds=5", "trainer.checkpoint_every=10", name="full")
+    original = Orchestrator.train_client
+
+    def interrupt_at_round_3(self, rnd, cid):
+        if rnd == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(self, rnd, cid)
+
+    monkeypatch.setattr(Orchestrator, "train_client", interrupt_at_round_3)
+    assert main(tiny(out, "trainer.rounds=5", "trainer.checkpoint_every=10", "logger.run_name=cut")) == 130
+    cut = out / "outputs" / "cut"
+    assert torch.load(cut / "checkpoints" / "last.ckpt")["round"] == 2
+    monkeypatch.setattr(Orchestrator, "train_client", original)
+    assert main([f"resume={cut}"]) == 0
+    assert read_metrics(cut) == read_metrics(full)
+
+
+def test_sigkill_then_resume_is_bitwise_identical(out):
+    args = tiny(out, "trainer.rounds=6", "trainer.checkpoint_every=2")
+    full = run(out, *args[len(tiny(out)):], name="full")
+    res = run_cli(args + ["logger.run_name=killed"], cwd=out, env={"FL_TEST_KILL_ROUND": "4"},
+                  script=(str(ROOT / "tests" / "killer.py"),))
+    assert res.returncode == -signal.SIGKILL
+    killed = out / "outputs" / "killed"
+    assert torch.load(killed / "checkpoints" / "last.ckpt")["round"] == 3
+    res = run_cli([f"resume={killed}"], cwd=out)
+    assert res.returncode == 0, res.stderr
+    assert read_metrics(killed) == read_metrics(full)
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (full, killed))
+    assert {k: v for k, v in sa.items() if k != "run_dir"} == {k: v for k, v in sb.items() if k != "run_dir"}
+    ga, gb = global_params(full), global_params(killed)
+    assert all(torch.equal(ga[k], gb[k]) for k in ga)
+
+
+# ---- processes -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["fedavg", "local"])
+def test_one_and_two_processes_give_the_same_run(out, method):
+    common = tiny(out, f"method.name={method}", "trainer.rounds=4", "fabric.cpu_threads=1",
+                  "data.num_clients=7", "trainer.participation=0.6")
+    one = run_cli(common + ["logger.run_name=one"], cwd=out)
+    two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
+    a, b = read_metrics(out / "outputs" / "one"), read_metrics(out / "outputs" / "two")
+    assert [r.keys() for r in a] == [r.keys() for r in b]
+    for ra, rb in zip(a, b):
+        for k in ra:
+            assert ra[k] == pytest.approx(rb[k], abs=1e-5), k
+    ca, cb = (torch.load(out / "outputs" / d / "checkpoints" / "last.ckpt") for d in ("one", "two"))
+    for k, v in ca["server"]["global_params"].items():
+        torch.testing.assert_close(cb["server"]["global_params"][k], v, rtol=0, atol=1e-5)
+    assert ca["clients"].keys() == cb["clients"].keys()
