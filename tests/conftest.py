@@ -16,7 +16,8 @@ TINY = ["logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients
 
 def run_cli(args, cwd, env=None, script=("-m", "fl.train")):
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    full_env.pop("FL_RUN_DIR", None)
+    for key in ["FL_RUN_DIR"] + [k for k, v in (env or {}).items() if v is None]:
+        full_env.pop(key, None)
     return subprocess.run([sys.executable, *script, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=300)
 

@@ -56,3 +56,22 @@ def test_resume_refuses_to_change_the_experiment(tmp_path):
     with pytest.raises(ConfigError, match="optim.lr cannot change"):
         load_config([f"resume={tmp_path}", "optim.lr=0.1"])
     assert load_config([f"resume={tmp_path}", "trainer.rounds=50"]).trainer.rounds == 50
+
+
+def test_every_shipped_config_loads():
+    from fl.config import available_confs
+
+    for name in available_confs():
+        load_config([f"conf={name}"])
+
+
+def test_sweep_files_name_real_keys():
+    import yaml
+    from pathlib import Path
+
+    for path in Path(__file__).resolve().parent.parent.glob("sweeps/*.yaml"):
+        sweep = yaml.safe_load(path.read_text())
+        conf = next(a.split("=", 1)[1] for a in sweep["command"] if str(a).startswith("conf="))
+        for key, spec in sweep["parameters"].items():
+            value = spec["values"][0] if "values" in spec else spec["min"]
+            load_config([f"conf={conf}", f"{key}={value}"])

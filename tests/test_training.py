@@ -176,3 +176,13 @@ def test_one_and_two_processes_give_the_same_run(out, method):
     for k, v in ca["server"]["global_params"].items():
         torch.testing.assert_close(cb["server"]["global_params"][k], v, rtol=0, atol=1e-5)
     assert ca["clients"].keys() == cb["clients"].keys()
+
+
+def test_wandb_defaults_to_offline_without_an_api_key_and_never_prompts(out, tmp_path):
+    env = {"WANDB_API_KEY": None, "WANDB_MODE": None, "HOME": str(tmp_path), "NETRC": str(tmp_path / "none")}
+    args = [a for a in tiny(out, "logger.run_name=wb") if not a.startswith("logger.wandb.mode")]
+    res = run_cli(args, cwd=out, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    runs = list((out / "outputs" / "wb" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    assert (out / "outputs" / "wb" / "summary.json").is_file()

@@ -1,0 +1,169 @@
+"""Framework overhead and memory.
+
+1. Times N rounds of FedAvg (small CNN, 20 clients, full participation) through the framework's round
+   loop and through a bare hand-written PyTorch loop doing the same SGD steps on the same data in the
+   same order, interleaved over several repeats, and prints the ratio of the medians. Both end with the
+   same global model (checked), so they did the same work.
+2. Runs 1000 clients with private heads (FedPer) in a child process and reports its peak memory.
+
+    python bench/fedavg_overhead.py [--rounds 5] [--repeats 5] [--clients-memory 1000] [--device cpu]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fl.config import load_config  # noqa: E402
+from fl.data import batch_indices, build_data  # noqa: E402
+from fl.models import build_model  # noqa: E402
+from fl.orchestrator import Orchestrator, sample_clients  # noqa: E402
+from fl.registry import METHODS  # noqa: E402
+from fl.seeding import generator, seed_torch  # noqa: E402
+from fl.train import make_fabric  # noqa: E402
+
+
+def bench_config(tmp: str, rounds: int, device: str) -> list[str]:
+    return ["method.name=fedavg", "data.num_clients=20", "data.samples_per_class=500", "model.name=cnn",
+            "model.width=16", "trainer.batch_size=32", "trainer.local_epochs=1", "trainer.participation=1.0",
+            f"trainer.rounds={rounds + 1}", f"trainer.eval_every={rounds + 1}", "optim.lr=0.05",
+            "optim.momentum=0.9", f"fabric.accelerator={device}", "logger.wandb.mode=disabled",
+            f"logger.output_dir={tmp}", f"data.root={tmp}/data"]
+
+
+def framework_rounds(cfg, data, rounds: int) -> tuple[float, dict]:
+    server = METHODS[cfg.method.name].server_cls(cfg)
+    fabric = make_fabric(cfg, [server], [])
+    fabric.launch()
+    orch = Orchestrator(cfg, fabric, data, server, Path(tempfile.mkdtemp()))
+    _sync(fabric.device)
+    start = time.perf_counter()
+    for rnd in range(rounds):
+        orch.run_round(rnd)  # sampling, broadcast, local training, aggregation, server step (no eval)
+    _sync(fabric.device)
+    return time.perf_counter() - start, {k[len("model."):]: v for k, v in server.global_params.items()}
+
+
+def bare_rounds(cfg, data, rounds: int, device: torch.device) -> tuple[float, dict]:
+    """What a researcher would write by hand: the same steps, no framework."""
+    clients = [(c.train.x.to(device), c.train.y.to(device)) for c in data.clients]
+    seed_torch(cfg.seed, 0, -1, "init")
+    model = build_model(cfg, data.input_shape, data.num_classes).to(device)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    _sync(device)
+    start = time.perf_counter()
+    for rnd in range(rounds):
+        sums = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in state.items()}
+        total = 0
+        for cid in sample_clients(cfg.seed, rnd, len(clients), cfg.trainer.participation):
+            x, y = clients[cid]
+            model.load_state_dict(state)
+            opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum)
+            seed_torch(cfg.seed, rnd, cid, "train")
+            for _, idx in batch_indices(len(y), cfg.trainer.batch_size, generator(cfg.seed, rnd, cid, "train"),
+                                        epochs=cfg.trainer.local_epochs):
+                if idx is None:
+                    continue
+                idx = idx.to(device)
+                loss = F.cross_entropy(model(x[idx]), y[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            for k, v in model.state_dict().items():
+                sums[k].add_(v.double(), alpha=len(y))
+            total += len(y)
+        state = {k: (s / total).to(state[k].dtype) for k, s in sums.items()}
+    _sync(device)
+    return time.perf_counter() - start, state
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def overhead(rounds: int, repeats: int, device: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(bench_config(tmp, rounds, device))
+        data = build_data(cfg)
+        dev = torch.device("cuda" if device == "cuda" else "cpu")
+        fw, bare = [], []
+        framework_rounds(cfg, data, 1)  # warm-up both paths (allocator, kernels)
+        bare_rounds(cfg, data, 1, dev)
+        for rep in range(repeats):  # alternate which path runs first, so drift favours neither
+            if rep % 2:
+                t_bare, g_bare = bare_rounds(cfg, data, rounds, dev)
+            t_fw, g_fw = framework_rounds(cfg, data, rounds)
+            if not rep % 2:
+                t_bare, g_bare = bare_rounds(cfg, data, rounds, dev)
+            fw.append(t_fw)
+            bare.append(t_bare)
+        diff = max(float((g_fw[k].double() - g_bare[k].double().to(g_fw[k].device)).abs().max()) for k in g_bare)
+        steps = sum(-(-len(c.train) // cfg.trainer.batch_size) for c in data.clients) * rounds
+    return {"rounds": rounds, "repeats": repeats, "device": device, "sgd_steps_per_repeat": steps,
+            "framework_s_median": statistics.median(fw), "bare_s_median": statistics.median(bare),
+            "ratio": statistics.median(fw) / statistics.median(bare), "framework_s": fw, "bare_s": bare,
+            "max_abs_param_diff": diff, "torch_threads": torch.get_num_threads()}
+
+
+def memory(num_clients: int, device: str) -> dict:
+    """Peak RSS of a child process running FedPer (private heads) on `num_clients` clients."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["method.name=fedper", f"data.num_clients={num_clients}", "data.samples_per_class=4000",
+                "data.dirichlet_alpha=1.0", "model.width=16", "trainer.rounds=3", "trainer.participation=0.1",
+                "trainer.eval_every=3", "trainer.checkpoint_every=3", f"fabric.accelerator={device}",
+                "logger.wandb.mode=disabled", "logger.progress=false", f"logger.output_dir={tmp}",
+                f"data.root={tmp}/data", "logger.run_name=mem"]
+        code = ("import resource,sys,time,torch; from fl.train import main; t=time.perf_counter(); "
+                "rc=main(sys.argv[1:]); dt=time.perf_counter()-t; "
+                "cuda=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0; "
+                "print('RESULT', rc, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, cuda, dt)")
+        out = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True)
+        line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT"))
+        _, rc, rss_kb, cuda, seconds = line.split()
+        ckpt = Path(tmp) / "mem" / "checkpoints" / "last.ckpt"
+        return {"clients": num_clients, "exit_code": int(rc), "peak_rss_mib": int(rss_kb) / 1024,
+                "peak_cuda_mib": int(cuda) / 2**20, "seconds": float(seconds),
+                "checkpoint_mib": ckpt.stat().st_size / 2**20 if ckpt.exists() else None}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--clients-memory", type=int, nargs="*", default=[20, 1000])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+    res = {"overhead": overhead(args.rounds, args.repeats, args.device)}
+    o = res["overhead"]
+    print(f"FedAvg, 20 clients, small CNN, {o['rounds']} rounds x {o['repeats']} repeats on {o['device']} "
+          f"({o['sgd_steps_per_repeat']} SGD steps each, {o['torch_threads']} torch threads)")
+    print(f"  framework  median {o['framework_s_median']:.3f} s")
+    print(f"  bare loop  median {o['bare_s_median']:.3f} s")
+    print(f"  ratio framework / bare = {o['ratio']:.3f}   (same final model: max |diff| = {o['max_abs_param_diff']:.1e})")
+    res["memory"] = []
+    for n in args.clients_memory:
+        m = memory(n, args.device)
+        res["memory"].append(m)
+        print(f"FedPer with {m['clients']} clients (private heads), 10% participation, 3 rounds: exit {m['exit_code']}, "
+              f"peak RSS {m['peak_rss_mib']:.0f} MiB, peak CUDA {m['peak_cuda_mib']:.0f} MiB, "
+              f"{m['seconds']:.1f} s, checkpoint {m['checkpoint_mib']:.1f} MiB")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set-up and everyday commands. Creates .venv on first use (Python 3.10+ and pip are all it needs).
+#   bash scripts/dev.sh quickstart [key=value ...]   run the quickstart (conf/quickstart.yaml)
+#   bash scripts/dev.sh test [pytest args]            run the test suite
+#   bash scripts/dev.sh bench [args]                  framework-overhead and memory benchmark
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  "$VENV/bin/python" -m pip install --quiet -e '.[dev]'
+  rm -f "$VENV"/.installed-*
+  touch "$stamp"
+fi
+cmd=${1:-quickstart}
+shift || true
+case "$cmd" in
+  quickstart) exec "$VENV/bin/python" -m fl.train "$@" ;;
+  test) exec "$VENV/bin/python" -m pytest "$@" ;;
+  bench) exec "$VENV/bin/python" bench/fedavg_overhead.py "$@" ;;
+  *) echo "usage: bash scripts/dev.sh quickstart|test|bench [args]" >&2; exit 2 ;;
+esac
