@@ -82,7 +82,6 @@ class Orchestrator:
         self.fabric = fabric
         self.run_dir = run_dir
         self.spec = METHODS[cfg.method.name]
-        self.data = data.to(fabric.device)
         self.server = server
         self.store = ClientStateStore()
         self.history: list[dict] = []
@@ -91,7 +90,9 @@ class Orchestrator:
         self._stop_requested = False
         with fabric.init_module():
             seed_torch(cfg.seed, 0, -1, "init")  # every client and the server start from one model
-            self.module: ClientModule = self.spec.client_cls(cfg, self.data)
+            self.module: ClientModule = self.spec.client_cls(cfg, data)
+        # client data lives on the device, in the model's dtype, for index batching
+        self.data = data.to(fabric.device, next(self.module.parameters()).dtype)
         self.module.fabric = fabric  # LightningModule's Fabric integration: manual_backward, optimizers()
         self.module.snapshot_initial_state()
         server.setup(self.module, self.data)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from omegaconf import DictConfig
-from torch import nn
 
 from fl.models.small import BackboneHead, cnn, logistic, mlp  # noqa: F401  (registers the models)
 from fl.registry import MODELS
@@ -12,4 +11,4 @@ def build_model(cfg: DictConfig, input_shape: tuple, num_classes: int) -> Backbo
     return MODELS[cfg.model.name](cfg.model, tuple(input_shape), num_classes)
 
 
-__all__ = ["BackboneHead", "build_model", "nn"]
+__all__ = ["BackboneHead", "build_model"]
