@@ -187,3 +187,32 @@ def test_wandb_defaults_to_offline_without_an_api_key_and_never_prompts(out, tmp
     runs = list((out / "outputs" / "wb" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
     assert (out / "outputs" / "wb" / "summary.json").is_file()
+
+
+@dataclass
+class MomentumConfig(MethodConfig):
+    name: str = "test_keep_momentum"
+
+
+class MomentumClient(ClientModule):
+    keep_optimizer_state = True
+
+    def training_step(self, batch, batch_idx):
+        return {"loss": super().training_step(batch, batch_idx), "step": float(batch_idx)}
+
+
+register_method("test_keep_momentum", MomentumConfig, MomentumClient, Server)
+
+
+def test_optimizer_state_is_kept_per_client_and_local_steps_count_steps(out):
+    extra = ("optim.momentum=0.9", "trainer.local_steps=3", "trainer.participation=1.0")
+    kept = run(out, "method.name=test_keep_momentum", *extra, name="kept")
+    fresh = run(out, "method.name=fedavg", *extra, name="fresh")
+    rows = read_metrics(kept)
+    assert all(r[f"client/{c}/step"] == 1.0 for r in rows for c in range(6))  # steps 0, 1, 2 each round
+    states = torch.load(kept / "checkpoints" / "last.ckpt")["clients"]
+    assert all(s["optimizer"]["state"] for s in states.values())  # momentum buffers stored per client
+    assert "optimizer" not in torch.load(fresh / "checkpoints" / "last.ckpt")["clients"][0]
+    # round 0 is identical (no stored state yet); from round 1 on the restored momentum changes training
+    a, b = read_metrics(kept), read_metrics(fresh)
+    assert a[0]["train/loss"] == b[0]["train/loss"] and a[1]["train/loss"] != b[1]["train/loss"]
