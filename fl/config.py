@@ -73,16 +73,44 @@ class FabricConfig:
 class DataConfig:
     name: str = param("embedded", help="dataset name (see fl.data registry)")
     root: str = param("data", help="where datasets live and the embedded dataset is cached")
+    download: bool = param(False, help="let torchvision download the dataset where it can (needs a network)")
+    variant: Optional[str] = param(None, help="dataset-specific variant, e.g. the EMNIST split")
     num_clients: int = param(20, ge=1)
-    partition: str = param("dirichlet", choices=["dirichlet", "iid"])
+    partition: str = param("dirichlet", choices=["iid", "dirichlet", "dirichlet_per_client", "classes", "shards",
+                                                 "domains"])
     dirichlet_alpha: float = param(0.5, gt=0.0, help="concentration of the Dirichlet label split")
+    dirichlet_balance: bool = param(False, help="a client already holding N/M samples gets no more (fedlab)")
     min_client_size: int = param(10, ge=1, help="Dirichlet split is redrawn until every client has this many samples")
+    samples_per_client: Optional[int] = param(None, ge=1, help="dirichlet_per_client: samples per client "
+                                              "(default: the pool divided evenly)")
+    classes_per_client: int = param(2, ge=1, help="classes / domains+classes: classes held by each client")
+    class_assignment: str = param("round_robin", choices=["round_robin", "random"],
+                                  help="round_robin: consecutive classes of a random permutation; "
+                                  "random: NIID-Bench #C=k (class p mod K plus random others)")
+    shards_per_client: int = param(5, ge=1, help="shards: label-sorted shards per client (FedDRM's S-SPC)")
+    clients_per_domain: int = param(1, ge=1, help="domains: clients carved out of each domain")
+    within_domain: str = param("iid", choices=["iid", "dirichlet", "classes"],
+                               help="domains: label skew inside each domain (classes = FedMosaic's hybrid)")
+    partition_labels: str = param("label", choices=["label", "fine"],
+                                  help="fine: partition on CIFAR-100's fine labels while training on coarse (FedDRM)")
+    pool_splits: bool = param(False, help="merge the official train and test splits before partitioning (FedDRM)")
+    test_split: str = param("client", choices=["client", "official"],
+                            help="client: hold out test_fraction of each client's samples; official: draw each "
+                            "client's test set from the official test split with its own (domain, label) mix")
     test_fraction: float = param(0.2, gt=0.0, lt=1.0, help="share of each client's samples held out as its test split")
+    train_fraction: float = param(1.0, gt=0.0, le=1.0, help="keep this share of each client's training set "
+                                  "(pFedFDA's data scarcity)")
+    max_client_train: Optional[int] = param(None, ge=1, help="cap on each client's training set (FedBN/FedMosaic)")
+    public_size: int = param(0, ge=0, help="size of the unlabeled public set held out from all clients (FedMosaic)")
+    target: Any = param(None, help="null, 'partition' (one more partition is the target, FedPALS) or K probabilities")
+    target_val_size: int = param(500, ge=1, help="target validation samples when data.target is a distribution")
+    client_transform: str = param("none", choices=["none", "feddrm_color", "cifar_s"],
+                                  help="per-client covariate shift applied to each client's train and test data")
     partition_seed: Optional[int] = param(None, help="seed of the split; defaults to the run seed")
     # embedded, procedurally generated image dataset
     num_classes: int = param(10, ge=2)
     samples_per_class: int = param(300, ge=4)
-    image_size: int = param(16, ge=8)
+    image_size: Optional[int] = param(None, ge=8, help="side of the (square) images; None = the dataset's default")
     channels: int = param(3, ge=1)
     noise: float = param(0.6, ge=0.0, help="pixel noise std of the embedded dataset (harder when larger)")
 

@@ -92,7 +92,8 @@ class Orchestrator:
             seed_torch(cfg.seed, 0, -1, "init")  # every client and the server start from one model
             self.module: ClientModule = self.spec.client_cls(cfg, data)
         # client data lives on the device, in the model's dtype, for index batching
-        self.data = data.to(fabric.device, next(self.module.parameters()).dtype)
+        self.dtype = next(self.module.parameters()).dtype
+        self.data = data.to(fabric.device, self.dtype)
         self.module.fabric = fabric  # LightningModule's Fabric integration: manual_backward, optimizers()
         self.module.snapshot_initial_state()
         server.setup(self.module, self.data)
@@ -205,7 +206,7 @@ class Orchestrator:
                 continue
             idx = idx.to(train.y.device, non_blocking=True)
             with fabric.autocast():
-                out = m.training_step((train.x[idx], train.y[idx]), n_steps)
+                out = m.training_step((self.data.prepare(train.x[idx], self.dtype), train.y[idx]), n_steps)
             out = out if isinstance(out, dict) else {"loss": out}
             if m.automatic_optimization:
                 optimizer.zero_grad(set_to_none=True)
@@ -265,7 +266,7 @@ class Orchestrator:
         bs = self.cfg.trainer.eval_batch_size
         self.module.eval()
         for begin in range(start * bs, len(split), stride * bs):
-            x, y = split.x[begin:begin + bs], split.y[begin:begin + bs]
+            x, y = self.data.prepare(split.x[begin:begin + bs], self.dtype), split.y[begin:begin + bs]
             with self.fabric.autocast():
                 yield self.module.predict(x).argmax(1), y
 

@@ -1,10 +1,8 @@
 """Closed-form checks of the small pieces: batching, sampling, partitions, aggregation, summaries."""
-import numpy as np
 import pytest
 import torch
 
 from fl.data import batch_indices
-from fl.data.partition import dirichlet, iid
 from fl.metrics import summarize_clients, summarize_history
 from fl.orchestrator import WeightedSum, sample_clients
 from fl.seeding import derive_seed, generator
@@ -40,19 +38,6 @@ def test_client_sampling_is_a_fixed_stream():
     assert a[0] != a[1]
     assert sample_clients(0, 0, 7, 1.0) == list(range(7))
     assert len(sample_clients(0, 0, 7, 0.01)) == 1
-
-
-def test_dirichlet_partition_is_seeded_disjoint_and_respects_min_size():
-    labels = torch.arange(10).repeat_interleave(50)
-    parts = dirichlet(labels, 8, 0.3, np.random.default_rng(1), min_size=20)
-    again = dirichlet(labels, 8, 0.3, np.random.default_rng(1), min_size=20)
-    assert all(torch.equal(a, b) for a, b in zip(parts, again))
-    allidx = torch.cat(parts)
-    assert len(allidx) == 500 and len(allidx.unique()) == 500
-    assert min(len(p) for p in parts) >= 20
-    with pytest.raises(ValueError, match="min_client_size"):
-        dirichlet(labels, 8, 0.3, np.random.default_rng(1), min_size=100)
-    assert sum(len(p) for p in iid(labels, 3, np.random.default_rng(0))) == 500
 
 
 def test_weighted_sum_is_the_fedavg_average():

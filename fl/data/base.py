@@ -1,6 +1,7 @@
 """Federated data as tensors: one (train, test) split per client, kept on the device for index batching."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
@@ -8,11 +9,23 @@ from typing import Iterator, Optional
 import torch
 from torch import Tensor
 
+from fl.config import ConfigError
+
+
+class DataError(ConfigError):
+    """A missing or malformed dataset: one line naming the path, the layout expected and how to get it."""
+
+    def __init__(self, path, expected: str, obtain: str):
+        super().__init__(f"dataset not found or malformed at {path}: expected {expected}; {obtain}")
+
 
 @dataclass
 class Split:
+    """Inputs, labels and (optionally) a domain id per sample. Images may be stored as uint8 [N, C, H, W];
+    `FederatedData.prepare` turns a batch into normalised floats."""
     x: Tensor
     y: Tensor
+    domain: Optional[Tensor] = None
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -20,11 +33,43 @@ class Split:
     def to(self, device, dtype: Optional[torch.dtype] = None) -> "Split":
         """Move to `device`; floating inputs are cast to `dtype` (the model's, e.g. float64 under 64-true)."""
         x = self.x.to(device, dtype) if dtype is not None and self.x.is_floating_point() else self.x.to(device)
-        return Split(x, self.y.to(device))
+        return Split(x, self.y.to(device), None if self.domain is None else self.domain.to(device))
+
+    def subset(self, idx: Tensor) -> "Split":
+        return Split(self.x[idx], self.y[idx], None if self.domain is None else self.domain[idx])
 
     @staticmethod
     def cat(splits: list["Split"]) -> "Split":
-        return Split(torch.cat([s.x for s in splits]), torch.cat([s.y for s in splits]))
+        domains = [s.domain for s in splits]
+        domain = None if any(d is None for d in domains) else torch.cat(domains)
+        return Split(torch.cat([s.x for s in splits]), torch.cat([s.y for s in splits]), domain)
+
+
+@dataclass
+class Pool:
+    """A labelled dataset as a loader returns it, before it is split over clients.
+
+    train/test: the dataset's own splits (test is None when the dataset has no official test split);
+    domain ids, when present, index `domain_names`. mean/std: per-channel statistics of the [0, 1]
+    pixel values used to normalise uint8 images (None for float inputs, which are used as they are).
+    """
+    name: str
+    train: Split
+    test: Optional[Split]
+    num_classes: int
+    class_names: list[str] = field(default_factory=list)
+    domain_names: list[str] = field(default_factory=list)
+    mean: Optional[tuple[float, ...]] = None
+    std: Optional[tuple[float, ...]] = None
+    fine_labels: Optional[tuple[Tensor, Optional[Tensor]]] = None  # (train, test) finer labels, e.g. CIFAR-100's
+
+
+@dataclass
+class Target:
+    """A target client with its own label distribution (FedPALS): validation and test data follow it."""
+    distribution: Tensor  # [K], sums to 1
+    val: Split
+    test: Split
 
 
 @dataclass
@@ -40,9 +85,25 @@ class FederatedData:
     num_classes: int
     input_shape: tuple
     clients: list[ClientData]
-    partition: list[Tensor] = field(repr=False, default_factory=list)  # per-client indices into the pool
-    global_test: Optional[Split] = None  # a held-out test set for the global model, when the dataset has one
-    public: Optional[Split] = None  # an unlabeled public set (labels kept for diagnostics only)
+    partition: list[Tensor] = field(repr=False, default_factory=list)  # index lists into the pool, hashed
+    global_test: Optional[Split] = None  # the dataset's own test set, when the clients' tests come from elsewhere
+    public: Optional[Split] = None  # unlabeled public set held out from all clients (labels: diagnostics only)
+    target: Optional[Target] = None
+    mean: Optional[tuple[float, ...]] = None  # normalisation of uint8 images, see prepare()
+    std: Optional[tuple[float, ...]] = None
+    class_names: list[str] = field(default_factory=list)
+    domain_names: list[str] = field(default_factory=list)
+
+    def prepare(self, x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """A batch as the model sees it: uint8 images become normalised floats; float inputs pass through."""
+        if x.dtype != torch.uint8:
+            return x
+        x = x.to(dtype).div_(255)
+        if self.mean is not None:
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            x = x.sub_(torch.tensor(self.mean, dtype=dtype, device=x.device).view(shape)).div_(
+                torch.tensor(self.std, dtype=dtype, device=x.device).view(shape))
+        return x
 
     @property
     def num_clients(self) -> int:
@@ -76,8 +137,10 @@ class FederatedData:
     def to(self, device, dtype: Optional[torch.dtype] = None) -> "FederatedData":
         move = lambda s: None if s is None else s.to(device, dtype)  # noqa: E731
         clients = [ClientData(move(c.train), move(c.test), c.domain) for c in self.clients]
-        return FederatedData(self.name, self.num_classes, self.input_shape, clients, self.partition,
-                             move(self.global_test), move(self.public))
+        target = None if self.target is None else Target(self.target.distribution, move(self.target.val),
+                                                         move(self.target.test))
+        return dataclasses.replace(self, clients=clients, global_test=move(self.global_test),
+                                   public=move(self.public), target=target)
 
 
 def batch_indices(n: int, batch_size: int, gen: torch.Generator, *, epochs: Optional[int] = None,

@@ -1,0 +1,182 @@
+"""From a loaded Pool to FederatedData: public set, target, client partition, per-client train/test,
+scarcity, covariate transforms. Every draw comes from the run's partition seed, one stream per purpose,
+so switching one option (say, a public set) does not reshuffle the others."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from fl.config import ConfigError
+from fl.data import partition as P
+from fl.data.base import ClientData, FederatedData, Pool, Split, Target
+from fl.seeding import derive_seed
+
+
+def _rng(seed: int, purpose: str) -> np.random.Generator:
+    return np.random.default_rng(derive_seed(seed, 0, -1, purpose))
+
+
+def _keys(split: Split, num_classes: int) -> np.ndarray:
+    """(domain, label) as one key, so matched test sets follow both the domain and the label mix."""
+    y = split.y.numpy()
+    return y if split.domain is None else split.domain.numpy() * num_classes + y
+
+
+def parse_target(target, num_classes: int) -> Optional[np.ndarray]:
+    """`data.target`: null, "partition" (one more partition made like the clients'), or K probabilities."""
+    if target is None or target == "partition":
+        return None
+    try:
+        t = np.asarray(list(target), dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(f"data.target={target!r} must be null, 'partition' or a list of {num_classes} "
+                          "probabilities") from None
+    if t.shape != (num_classes,) or (t < 0).any() or abs(t.sum() - 1) > 1e-6:
+        raise ConfigError(f"data.target must have {num_classes} non-negative entries summing to 1; "
+                          f"got {len(t)} entries summing to {t.sum():.4g}")
+    return t
+
+
+def proportional_sample(keys: np.ndarray, want: np.ndarray, rng: np.random.Generator,
+                        allowed: Optional[np.ndarray] = None, size: Optional[int] = None) -> np.ndarray:
+    """Positions whose key histogram is proportional to `want` (a weight per key), as many as the scarcest
+    key allows (or `size` in total), sampled without replacement."""
+    allowed = np.ones(len(keys), dtype=bool) if allowed is None else allowed
+    have = np.bincount(keys[allowed], minlength=len(want))[:len(want)]
+    use = (want > 0) & (have > 0)
+    if not use.any():
+        return np.zeros(0, dtype=np.int64)
+    scale = (have[use] / want[use]).min() if size is None else size / want[use].sum()
+    counts = np.minimum(np.round(want * scale).astype(int), have) * use
+    out = [rng.choice(np.flatnonzero((keys == k) & allowed), size=c, replace=False)
+           for k, c in enumerate(counts) if c > 0]
+    return np.sort(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
+
+
+def partition_positions(labels: np.ndarray, domains: Optional[np.ndarray], d: DictConfig, num_parts: int,
+                        rng: np.random.Generator) -> list[np.ndarray]:
+    """Positions (into `labels`) of each client under `data.partition`."""
+    if d.partition == "iid":
+        return P.iid(len(labels), num_parts, rng)
+    if d.partition == "dirichlet":
+        return P.dirichlet(labels, num_parts, d.dirichlet_alpha, rng, d.min_client_size, d.dirichlet_balance)
+    if d.partition == "dirichlet_per_client":
+        size = d.samples_per_client or len(labels) // num_parts
+        return P.dirichlet_per_client(labels, num_parts, d.dirichlet_alpha, rng, size)
+    if d.partition == "classes":
+        return P.classes(labels, num_parts, d.classes_per_client, rng, d.class_assignment)
+    if d.partition == "shards":
+        return P.shards(labels, num_parts, d.shards_per_client, rng)
+    # domains: clients_per_domain clients per domain, with `within_domain` skew inside each domain
+    if domains is None:
+        raise ConfigError(f"data.partition=domains needs a dataset with domains; data.name={d.name!r} has none")
+    parts = []
+    for dom in np.unique(domains):
+        where = np.flatnonzero(domains == dom)
+        sub = P.iid(len(where), d.clients_per_domain, rng) if d.within_domain == "iid" else (
+            P.classes(labels[where], d.clients_per_domain, d.classes_per_client, rng, d.class_assignment)
+            if d.within_domain == "classes" else
+            P.dirichlet(labels[where], d.clients_per_domain, d.dirichlet_alpha, rng, d.min_client_size,
+                        d.dirichlet_balance))
+        parts += [where[s] for s in sub]
+    if num_parts != len(parts):
+        raise ConfigError(f"data.num_clients={num_parts} must equal the number of domains x "
+                          f"data.clients_per_domain = {len(parts)} for data.partition=domains")
+    return parts
+
+
+def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
+    K = pool.num_classes
+    target_dist = parse_target(d.target, K)
+    source, official = pool.train, pool.test
+    fine = pool.fine_labels
+    if d.pool_splits and official is not None:  # FedDRM partitions the pooled train+test data
+        source, official = Split.cat([pool.train, official]), None
+        fine = None if fine is None else torch.cat(list(fine))
+    elif fine is not None:
+        fine = fine[0]
+    need_official = d.test_split == "official" or d.target is not None
+    n = len(source)
+    free = np.ones(n, dtype=bool)
+    keys = _keys(source, K)
+    if official is None and need_official:  # hold out a stratified test split of the pool
+        held = proportional_sample(keys, np.bincount(keys).astype(float), _rng(seed, "heldout-test"),
+                                   size=int(round(d.test_fraction * n)))
+        official, free[held] = source.subset(torch.from_numpy(held)), False
+
+    public, public_pos = None, None
+    if d.public_size:  # held out from every client, class-balanced; its labels are for diagnostics only
+        public_pos = proportional_sample(source.y.numpy(), np.ones(K), _rng(seed, "public"), free,
+                                         size=d.public_size)
+        public, free[public_pos] = source.subset(torch.from_numpy(public_pos)), False
+
+    target_val = None
+    if target_dist is not None:
+        pos = proportional_sample(source.y.numpy(), target_dist, _rng(seed, "target"), free,
+                                  size=d.target_val_size)
+        target_val, free[pos] = pos, False
+
+    if d.partition_labels == "fine" and fine is None:
+        raise ConfigError(f"data.partition_labels=fine needs a dataset with fine labels (cifar20); "
+                          f"data.name={d.name!r} has none")
+    avail = np.flatnonzero(free)
+    labels = (fine if d.partition_labels == "fine" else source.y).numpy()[avail]
+    domains = None if source.domain is None else source.domain.numpy()[avail]
+    num_parts = d.num_clients + (1 if d.target == "partition" else 0)
+    parts = [avail[p] for p in partition_positions(labels, domains, d, num_parts, _rng(seed, "partition"))]
+    if d.target == "partition":
+        target_val = parts.pop()
+        target_dist = np.bincount(source.y.numpy()[target_val], minlength=K) / len(target_val)
+
+    clients, index_lists = [], []
+    split_rng, scarce_rng, test_rng = _rng(seed, "client-split"), _rng(seed, "scarcity"), _rng(seed, "client-test")
+    off_keys = None if official is None else _keys(official, K)
+    num_keys = int(max(keys.max(), -1 if off_keys is None else off_keys.max())) + 1
+    for cid, part in enumerate(parts):
+        if d.test_split == "client":
+            train_pos, test_pos = P.split_train_test(part, d.test_fraction, split_rng)
+            test = source.subset(torch.from_numpy(test_pos))
+        else:
+            train_pos, test_pos = part, None
+        train_pos = P.subsample(train_pos, d.train_fraction, scarce_rng, d.max_client_train)
+        if test_pos is None:  # drawn from the official test split with this client's (domain, label) mix
+            want = np.bincount(keys[train_pos], minlength=num_keys).astype(float)
+            test_pos = proportional_sample(off_keys, want, test_rng)
+            test = official.subset(torch.from_numpy(test_pos))
+        train = source.subset(torch.from_numpy(train_pos))
+        dom = int(torch.mode(train.domain).values) if train.domain is not None else 0
+        clients.append(ClientData(train, test, dom))
+        index_lists += [train_pos, test_pos]
+
+    if d.client_transform != "none":
+        _apply_client_transform(clients, d, seed)
+    target = None
+    if target_dist is not None:
+        test_pos = proportional_sample(official.y.numpy(), target_dist, _rng(seed, "target-test"))
+        target = Target(torch.from_numpy(target_dist), source.subset(torch.from_numpy(target_val)),
+                        official.subset(torch.from_numpy(test_pos)))
+        index_lists += [target_val, test_pos]
+    if public_pos is not None:
+        index_lists.append(public_pos)
+    global_test = official if d.test_split == "client" and not d.pool_splits else None
+    return FederatedData(pool.name, K, tuple(source.x.shape[1:]), clients,
+                         partition=[torch.from_numpy(np.asarray(i, dtype=np.int64)) for i in index_lists],
+                         global_test=global_test, public=public, target=target, mean=pool.mean, std=pool.std,
+                         class_names=pool.class_names, domain_names=pool.domain_names)
+
+
+def _apply_client_transform(clients: list[ClientData], d: DictConfig, seed: int) -> None:
+    """Per-client covariate shift (FedDRM colour transforms, pFedFDA CIFAR-S corruptions), applied once
+    to both the client's train and test data: each client's test set follows its own distribution."""
+    from fl.data.transforms import CLIENT_TRANSFORMS
+
+    fn = CLIENT_TRANSFORMS[d.client_transform]
+    for cid, c in enumerate(clients):
+        if c.train.x.dtype != torch.uint8:
+            raise ConfigError(f"data.client_transform={d.client_transform!r} needs uint8 images; "
+                              f"data.name={d.name!r} gives {c.train.x.dtype}")
+        c.train.x = fn(c.train.x, cid, len(clients), seed)
+        c.test.x = fn(c.test.x, cid, len(clients), seed)
