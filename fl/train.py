@@ -55,6 +55,22 @@ def prepare_run_dir(cfg: DictConfig) -> Path:
     return run_dir
 
 
+def log_partition(data, run_dir: Path, wandb_logger) -> None:
+    """Heatmaps as PNG in the run directory; on W&B the same images, a table of client sizes and the
+    partition fingerprint (also recorded in config.yaml and summary.json)."""
+    from fl.data.plots import partition_heatmaps
+
+    paths = partition_heatmaps(data, run_dir)
+    if wandb_logger is None:
+        return
+    wandb_logger.experiment.config.update({"partition_fingerprint": data.fingerprint()}, allow_val_change=True)
+    wandb_logger.log_image(key="data/partition", images=[str(p) for p in paths])
+    counts = data.label_counts("train")
+    rows = [[i, len(c.train), len(c.test), int((counts[i] > 0).sum()),
+             data.domain_names[c.domain] if data.domain_names else ""] for i, c in enumerate(data.clients)]
+    wandb_logger.log_table(key="data/clients", columns=["client", "train", "test", "classes", "domain"], data=rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     owns_env = RUN_DIR_ENV not in os.environ
@@ -100,11 +116,15 @@ def _run(argv: list[str]) -> int:
 
         torch.set_num_threads(cfg.fabric.cpu_threads)
     orch = Orchestrator(cfg, fabric, data, server, run_dir, jsonl)
+    if fabric.is_global_zero:
+        config = run_dir / "config.yaml"
+        config.write_text(f"# partition fingerprint: {data.fingerprint()}\n" + config.read_text())
     if cfg.resume:
         orch.restore()
     elif fabric.is_global_zero:
         jsonl.path.write_text("")
         write_partition_info(data, run_dir / "partition.json")
+        log_partition(data, run_dir, wandb_logger)
     try:
         summary = orch.fit()
     except TrainingFault as err:

@@ -1,0 +1,117 @@
+"""Bring-your-own data: one .npz or .pt file of arrays, named by data.root.
+
+Keys: x, y (required); domain; x_test, y_test, domain_test; class_names, domain_names; mean, std.
+x is either uint8 images, [N, H, W], [N, C, H, W] or [N, H, W, C] with C in {1, 3} (stored as NCHW
+and normalised with mean/std, default 0.5 per channel, i.e. to [-1, 1] as the specs do), or float
+features of any shape [N, ...], used as they are. This is also the route for data no other loader
+reads, e.g. LEAF's FEMNIST with writer ids saved as `domain`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch import Tensor
+
+from fl.data.base import DataError, Pool, Split
+from fl.data.sources.domains import check_no_variant
+from fl.registry import register_dataset
+
+LAYOUT = ("a .npz or .pt file with x and y (optionally domain, x_test, y_test, domain_test, class_names, "
+          "domain_names, mean, std)")
+OBTAIN = "set data.root to such a file, e.g. written by numpy.savez(path, x=x, y=y)"
+
+
+def _read(path: Path) -> dict:
+    if path.suffix not in (".npz", ".pt") or not path.is_file():
+        raise DataError(path, LAYOUT, OBTAIN)
+    try:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as f:
+                blob = {k: f[k] for k in f.files}
+        else:
+            blob = torch.load(path, weights_only=True)
+        if not isinstance(blob, dict):
+            raise TypeError
+        return blob
+    except Exception:
+        raise DataError(path, LAYOUT + " (the file is not readable as one)", OBTAIN) from None
+
+
+def _tensor(v) -> Tensor:
+    return v if isinstance(v, Tensor) else torch.from_numpy(np.asarray(v))
+
+
+def _images_or_features(x: Tensor, path: Path, key: str) -> Tensor:
+    if x.is_floating_point():
+        return x.float()
+    if x.dtype != torch.uint8 or x.dim() not in (3, 4):
+        raise DataError(path, f"{key} as uint8 images [N,H,W]/[N,C,H,W]/[N,H,W,C] or float features "
+                              f"(got {tuple(x.shape)} {x.dtype}; {LAYOUT})", OBTAIN)
+    if x.dim() == 3:
+        return x.unsqueeze(1)
+    if x.shape[1] in (1, 3):
+        return x
+    if x.shape[-1] in (1, 3):
+        return x.permute(0, 3, 1, 2).contiguous()
+    raise DataError(path, f"{key} with 1 or 3 channels first or last (got {tuple(x.shape)}; {LAYOUT})", OBTAIN)
+
+
+def _split(blob: dict, path: Path, suffix: str, size: Optional[int]) -> Optional[Split]:
+    xk, yk, dk = f"x{suffix}", f"y{suffix}", f"domain{suffix}"
+    if xk not in blob and yk not in blob:
+        return None
+    if xk not in blob or yk not in blob:
+        raise DataError(path, f"{xk} and {yk} together ({LAYOUT})", OBTAIN)
+    x = _images_or_features(_tensor(blob[xk]), path, xk)
+    y = _tensor(blob[yk])
+    domain = _tensor(blob[dk]) if dk in blob else None
+    for key, v in ((yk, y), (dk, domain)):
+        if v is not None and (v.is_floating_point() or v.dim() != 1 or len(v) != len(x) or (len(v) and v.min() < 0)):
+            raise DataError(path, f"{key} as {len(x)} non-negative integers, one per row of {xk} ({LAYOUT})", OBTAIN)
+    if size and x.dtype == torch.uint8 and x.shape[-2:] != (size, size):
+        from torchvision.transforms.v2.functional import resize
+        x = resize(x, [size, size], antialias=True)
+    return Split(x, y.long(), None if domain is None else domain.long())
+
+
+def _names(blob: dict, key: str) -> list[str]:
+    v = blob.get(key)
+    return [] if v is None else [str(s) for s in (v.tolist() if hasattr(v, "tolist") else v)]
+
+
+@register_dataset("arrays")
+def load_arrays(d: DictConfig) -> Pool:
+    check_no_variant(d, "arrays")
+    path = Path(d.root)
+    blob = _read(path)
+    train = _split(blob, path, "", d.image_size)
+    if train is None or len(train) == 0:
+        raise DataError(path, LAYOUT, OBTAIN)
+    test = _split(blob, path, "_test", d.image_size)
+    if test is not None and (train.domain is None) != (test.domain is None):
+        raise DataError(path, f"domain and domain_test together or neither ({LAYOUT})", OBTAIN)
+    if test is not None and (train.x.shape[1:] != test.x.shape[1:] or train.x.dtype != test.x.dtype):
+        raise DataError(path, f"x and x_test of the same sample shape and dtype ({LAYOUT})", OBTAIN)
+    splits = [s for s in (train, test) if s is not None and len(s)]
+    class_names = _names(blob, "class_names")
+    num_classes = len(class_names) or int(max(s.y.max() for s in splits)) + 1
+    if any(s.y.max() >= num_classes for s in splits):
+        raise DataError(path, f"labels below len(class_names) = {num_classes} ({LAYOUT})", OBTAIN)
+    domain_names = _names(blob, "domain_names")
+    if train.domain is not None:
+        num_domains = int(max(s.domain.max() for s in splits)) + 1
+        domain_names = domain_names or [f"domain{i}" for i in range(num_domains)]
+        if num_domains > len(domain_names):
+            raise DataError(path, f"domain ids below len(domain_names) = {len(domain_names)} ({LAYOUT})", OBTAIN)
+    mean = std = None
+    if train.x.dtype == torch.uint8:
+        channels = train.x.shape[1]
+        mean = tuple(float(m) for m in _tensor(blob["mean"]).reshape(-1)) if "mean" in blob else (0.5,) * channels
+        std = tuple(float(s) for s in _tensor(blob["std"]).reshape(-1)) if "std" in blob else (0.5,) * channels
+        if len(mean) != channels or len(std) != channels:
+            raise DataError(path, f"mean and std with {channels} values ({LAYOUT})", OBTAIN)
+    return Pool("arrays", train, test, num_classes, class_names, domain_names, mean, std)
