@@ -173,6 +173,7 @@ def _choices_msg(key: str, value: Any, choices) -> str:
 
 
 def available_confs() -> list[str]:
+    """Top-level configs; conf/data/ holds the blocks they include."""
     return sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
 
 
@@ -188,6 +189,25 @@ def resolve_conf_path(name: str) -> Path:
         return path
     raise ConfigError(f"conf={name!r} is not a config{_suggest(name, available_confs())}; "
                       f"choices: {', '.join(available_confs())} (or a path to a .yaml file)")
+
+
+def load_conf_file(path: Path, seen: tuple = ()) -> DictConfig:
+    """A YAML config; its `include: [data/NAME, ...]` blocks (conf/data/NAME.yaml) are merged first, in
+    order, so paper configs share their data settings."""
+    if path in seen:
+        raise ConfigError(f"include cycle: {' -> '.join(str(p) for p in seen + (path,))}")
+    try:
+        node = OmegaConf.load(path)
+    except Exception as err:  # a YAML syntax error, reported in one line
+        raise ConfigError(f"cannot parse {path}: {str(err).splitlines()[0]}") from None
+    includes = node.pop("include", [])
+    parts = []
+    for name in [includes] if isinstance(includes, str) else includes:
+        inc = CONF_DIR / f"{name}.yaml"
+        if not inc.is_file():
+            raise ConfigError(f"{path}: include {name!r} not found (expected {inc})")
+        parts.append(load_conf_file(inc, seen + (path,)))
+    return OmegaConf.merge(*parts, node) if parts else node
 
 
 def parse_argv(argv: list[str]) -> tuple[Optional[str], list[str]]:
@@ -305,7 +325,7 @@ def load_config(argv: list[str]) -> DictConfig:
     if resume is not None:
         base = _resume_base(resume, conf, cli)
     else:
-        base = OmegaConf.load(resolve_conf_path(conf or DEFAULT_CONF))
+        base = load_conf_file(resolve_conf_path(conf or DEFAULT_CONF))
     cfg = _merge(_method_name(base, cli), base, cli)
     if cfg.trainer.local_steps is not None:
         cfg.trainer.local_epochs = None  # steps win; keep the resolved config honest

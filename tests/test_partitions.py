@@ -130,7 +130,7 @@ def test_official_test_follows_each_clients_label_mix():
     pool = make_pool(n_per_class=60)
     fd = federate(pool, data_cfg(num_clients=5, partition="classes", classes_per_client=2,
                                  test_split="official"), seed=0)
-    assert fd.global_test is None
+    assert len(fd.global_test) == len(pool.test)
     for c in fd.clients:
         train_h = torch.bincount(c.train.y, minlength=K).double()
         test_h = torch.bincount(c.test.y, minlength=K).double()

@@ -16,7 +16,9 @@ def embedded_images(d: DictConfig) -> Pool:
     """The quickstart's procedurally generated images (one domain, no official test split)."""
     x, y = embedded.load_or_generate(d.root, d.num_classes, d.samples_per_class, d.channels, d.image_size or 16,
                                      d.noise)
-    return Pool("embedded", Split(x, y), None, d.num_classes, [f"class{k}" for k in range(d.num_classes)])
+    pixels = x.double().div(255).transpose(0, 1).flatten(1)  # per-channel statistics for normalisation
+    return Pool("embedded", Split(x, y), None, d.num_classes, [f"class{k}" for k in range(d.num_classes)],
+                mean=tuple(pixels.mean(1).tolist()), std=tuple(pixels.std(1).tolist()))
 
 
 def build_data(cfg: DictConfig) -> FederatedData:

@@ -4,6 +4,7 @@ Each class is a prototype image made of a class-specific oriented grating and a 
 blobs; a sample is its class prototype randomly shifted, rescaled in contrast and corrupted by pixel
 noise and a random distractor blob. The dataset depends only on its shape parameters (a fixed
 generation seed), so every run and every method sees the same pool; the client split uses the run's seed.
+Images are stored as uint8 in [0, 255] (pixel value (v + 3) / 6 of the generated v), normalised per batch.
 """
 from __future__ import annotations
 
@@ -62,13 +63,15 @@ def generate(num_classes: int, samples_per_class: int, channels: int, size: int,
                        torch.full((n,), size * 0.15))
     x = x + distractor.unsqueeze(1) * (torch.rand(n, channels, 1, 1, generator=gen) * 2 - 1)
     x = x + noise * torch.randn(x.shape, generator=gen)
+    # stored as 8-bit images, like the real datasets, so pixel-space client transforms apply to it too
+    x = ((x + 3.0) / 6.0 * 255).round().clamp(0, 255).to(torch.uint8)
     return x.contiguous(), y
 
 
 def load_or_generate(root: str, num_classes: int, samples_per_class: int, channels: int, size: int,
                      noise: float) -> tuple[Tensor, Tensor]:
     """Generate once and cache under <root>/embedded/ (written atomically: several processes may race)."""
-    key = f"v1-{num_classes}-{samples_per_class}-{channels}-{size}-{noise}"
+    key = f"v2-{num_classes}-{samples_per_class}-{channels}-{size}-{noise}"
     path = Path(root) / "embedded" / f"{hashlib.sha1(key.encode()).hexdigest()[:12]}.pt"
     if path.is_file():
         blob = torch.load(path)

@@ -161,7 +161,7 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
         index_lists += [target_val, test_pos]
     if public_pos is not None:
         index_lists.append(public_pos)
-    global_test = official if d.test_split == "client" and not d.pool_splits else None
+    global_test = official  # the dataset's own (or held-out) test set: the global model's pooled test
     return FederatedData(pool.name, K, tuple(source.x.shape[1:]), clients,
                          partition=[torch.from_numpy(np.asarray(i, dtype=np.int64)) for i in index_lists],
                          global_test=global_test, public=public, target=target, mean=pool.mean, std=pool.std,

@@ -1,0 +1,235 @@
+"""A procedurally generated multi-domain dataset: K glyph classes drawn in D visual styles, no download.
+
+Why: domain-shift methods need data where the label is carried by the same structure in every domain
+while the appearance changes, and where that is checkable on a CPU in a minute. Here a class is a glyph
+(a few pen strokes between jittered anchor points of a 3x3 grid, like a made-up letter); a sample is its
+class glyph with handwriting jitter, a random pose (rotation, scale, shift, stroke width) and one or two
+clutter strokes. The domain only decides how that geometry is painted:
+
+    photo    smooth coloured background, shaded filled strokes, slight blur, little noise
+    sketch   grey paper, dark outlines of the strokes (broken in places), hatching inside
+    noisy    low-contrast colours buried in strong Gaussian and salt-and-pepper noise
+    painted  striped saturated background, strokes filled with the inverted texture and outlined
+    cartoon  flat pastel background, flat saturated strokes, thick black outline
+    neon     black background, glowing coloured outlines
+
+Everything depends only on the arguments (fixed generation seed; each (split, domain) and each class
+has its own stream), so every run sees the same pool, the test split does not change with the train
+size, and class k's glyph is the same whatever num_classes is.
+
+Measured difficulty (bench/embedded_domains_difficulty.py: the framework's `cnn` at width 16, i.e.
+conv 16 -> conv 32 -> hidden 64; SGD lr 0.05, momentum 0.9, batch 32; defaults of make_pool, 10
+classes x 4 domains; 2-core CPU; mean over 3 seeds):
+    MEASURED_PLACEHOLDER
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as nnf
+from torch import Tensor
+
+from fl.data.base import Pool, Split
+from fl.seeding import derive_seed
+
+GENERATION_SEED = 20261122
+STYLES = ("photo", "sketch", "noisy", "painted", "cartoon", "neon")
+
+# Glyph geometry, in coordinates where the image spans [-1, 1].
+ANCHOR_SPACING = 0.55  # 3x3 anchor grid at {-s, 0, s}^2
+ANCHOR_JITTER = 0.12  # per class
+STROKES = (3, 4)  # strokes per glyph
+POINT_JITTER = 0.07  # per sample, on each stroke end ("handwriting")
+ROTATION_DEG = 20.0
+SCALE = (0.8, 1.1)
+SHIFT = 0.15
+HALF_WIDTH = (0.07, 0.12)  # stroke half-width
+CLUTTER = (1, 2)  # extra random strokes per sample
+CLUTTER_LENGTH = (0.3, 0.6)
+
+
+def _gen(purpose: str, index: int) -> torch.Generator:
+    return torch.Generator().manual_seed(derive_seed(GENERATION_SEED, 0, index, purpose))
+
+
+def _uniform(shape, lo: float, hi: float, gen: torch.Generator) -> Tensor:
+    return lo + (hi - lo) * torch.rand(shape, generator=gen)
+
+
+def class_glyph(k: int) -> Tensor:
+    """[S_k, 2, 2] strokes (start, end points) of class k: a random walk over a jittered 3x3 grid."""
+    gen = _gen("embedded_domains/class", k)
+    grid = torch.tensor([-ANCHOR_SPACING, 0.0, ANCHOR_SPACING])
+    anchors = torch.stack(torch.meshgrid(grid, grid, indexing="xy"), -1).view(9, 2)
+    anchors = anchors + _uniform((9, 2), -ANCHOR_JITTER, ANCHOR_JITTER, gen)
+    n = int(torch.randint(STROKES[0], STROKES[1] + 1, (1,), generator=gen))
+    node, used, strokes = int(torch.randint(0, 9, (1,), generator=gen)), set(), []
+    while len(strokes) < n:
+        nxt = int(torch.randint(0, 9, (1,), generator=gen))
+        edge = (min(node, nxt), max(node, nxt))
+        if nxt == node or edge in used:
+            # a dead end or a repeat: jump to a fresh start point (glyphs may have two parts)
+            node = int(torch.randint(0, 9, (1,), generator=gen))
+            continue
+        used.add(edge)
+        strokes.append(torch.stack([anchors[node], anchors[nxt]]))
+        node = nxt
+    return torch.stack(strokes)
+
+
+def _segment_distance(px: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """Distance from points px [N, P, 2] to segments a, b [N, M, 2]: [N, M, P]."""
+    ab = (b - a).unsqueeze(2)
+    ap = px.unsqueeze(1) - a.unsqueeze(2)
+    t = ((ap * ab).sum(-1) / (ab * ab).sum(-1).clamp_min(1e-8)).clamp(0, 1)
+    return (ap - t.unsqueeze(-1) * ab).norm(dim=-1)
+
+
+def _geometry(y: Tensor, glyphs: list[Tensor], size: int, gen: torch.Generator) -> Tensor:
+    """Signed distance in pixels to the boundary of each sample's strokes, [N, 1, S, S] (< 0 inside)."""
+    n = y.shape[0]
+    smax = max(g.shape[0] for g in glyphs)
+    # pad every glyph to smax strokes by repeating its first one (a repeat changes no distance)
+    table = torch.stack([torch.cat([g, g[:1].expand(smax - g.shape[0], 2, 2)]) for g in glyphs])
+    seg = table[y] + POINT_JITTER * torch.randn((n, smax, 2, 2), generator=gen)
+    angle = torch.deg2rad(_uniform(n, -ROTATION_DEG, ROTATION_DEG, gen))
+    scale = _uniform(n, *SCALE, gen)
+    rot = torch.stack([torch.cos(angle), -torch.sin(angle), torch.sin(angle), torch.cos(angle)], -1).view(n, 2, 2)
+    seg = scale.view(n, 1, 1, 1) * torch.einsum("nij,nspj->nspi", rot, seg)
+    seg = seg + _uniform((n, 1, 1, 2), -SHIFT, SHIFT, gen)
+    # clutter: short strokes anywhere, drawn like the glyph (some samples get a second one)
+    m = CLUTTER[1]
+    start = _uniform((n, m, 2), -0.9, 0.9, gen)
+    theta = _uniform((n, m), 0, 2 * math.pi, gen)
+    length = _uniform((n, m), *CLUTTER_LENGTH, gen)
+    end = start + length.unsqueeze(-1) * torch.stack([torch.cos(theta), torch.sin(theta)], -1)
+    keep = torch.arange(m).view(1, m) < torch.randint(CLUTTER[0], CLUTTER[1] + 1, (n, 1), generator=gen)
+    # a dropped clutter stroke repeats the glyph's first stroke, which changes no distance
+    clutter = torch.where(keep.view(n, m, 1, 1), torch.stack([start, end], 2), seg[:, :1].expand(n, m, 2, 2))
+    seg = torch.cat([seg, clutter], 1)
+    coords = (torch.arange(size, dtype=torch.float32) + 0.5) / size * 2 - 1
+    px = torch.stack(torch.meshgrid(coords, coords, indexing="xy"), -1).view(1, -1, 2).expand(n, -1, -1)
+    dist = _segment_distance(px, seg[:, :, 0], seg[:, :, 1]).amin(1)
+    half_width = _uniform((n, 1), *HALF_WIDTH, gen)
+    return ((dist - half_width) * size / 2).view(n, 1, size, size)
+
+
+def _field(n: int, channels: int, size: int, cells: int, gen: torch.Generator) -> Tensor:
+    """A smooth random field in [0, 1]: a cells x cells grid of uniforms, bicubically upsampled."""
+    coarse = torch.rand((n, channels, cells, cells), generator=gen)
+    return nnf.interpolate(coarse, size=(size, size), mode="bicubic", align_corners=True).clamp(0, 1)
+
+
+def _luma(c: Tensor) -> Tensor:
+    return (c * torch.tensor([0.299, 0.587, 0.114]).view(1, 3, *([1] * (c.dim() - 2)))).sum(1, keepdim=True)
+
+
+def _contrasting(bg: Tensor, gap: tuple[float, float], gen: torch.Generator) -> Tensor:
+    """Colours [N, 3, 1, 1] whose luma differs from bg's mean luma by U(gap), up or down at random."""
+    n = bg.shape[0]
+    base = _luma(bg.mean(dim=(2, 3), keepdim=True))
+    step = _uniform((n, 1, 1, 1), *gap, gen)
+    sign = torch.where(torch.rand((n, 1, 1, 1), generator=gen) < 0.5, -1.0, 1.0)
+    sign = torch.where(base + sign * step > 1, -1.0, torch.where(base + sign * step < 0, 1.0, sign))
+    chroma = _uniform((n, 3, 1, 1), -0.2, 0.2, gen)
+    return (base + sign * step + chroma - _luma(chroma)).clamp(0, 1)
+
+
+def _blur(img: Tensor, sigma: float) -> Tensor:
+    t = torch.arange(-2, 3, dtype=torch.float32)
+    k = torch.exp(-t ** 2 / (2 * sigma ** 2))
+    k = k / k.sum()
+    c = img.shape[1]
+    img = nnf.conv2d(nnf.pad(img, (2, 2, 0, 0), mode="replicate"), k.view(1, 1, 1, 5).expand(c, 1, 1, 5), groups=c)
+    return nnf.conv2d(nnf.pad(img, (0, 0, 2, 2), mode="replicate"), k.view(1, 1, 5, 1).expand(c, 1, 5, 1), groups=c)
+
+
+def _stripes(n: int, size: int, gen: torch.Generator) -> Tensor:
+    """Soft stripes in [0, 1] at a random angle, 2.5-5 periods across the image, [N, 1, S, S]."""
+    coords = torch.linspace(-1, 1, size)
+    yy, xx = torch.meshgrid(coords, coords, indexing="ij")
+    theta = _uniform((n, 1, 1), 0, math.pi, gen)
+    freq = _uniform((n, 1, 1), 2.5, 5.0, gen) * math.pi
+    phase = _uniform((n, 1, 1), 0, 2 * math.pi, gen)
+    wave = torch.sin(freq * (xx * torch.cos(theta) + yy * torch.sin(theta)) + phase)
+    return torch.sigmoid(3 * wave).unsqueeze(1)
+
+
+def render(sdf: Tensor, style: str, gen: torch.Generator) -> Tensor:
+    """Paint the geometry (signed distance, pixels) in one style: float images [N, 3, S, S] in [0, 1]."""
+    n, _, size, _ = sdf.shape
+    fill = torch.sigmoid(-sdf / 0.5)  # inside the strokes
+    if style == "photo":
+        bg = 0.2 + 0.6 * _field(n, 3, size, 3, gen)
+        fg = _contrasting(bg, (0.25, 0.5), gen)
+        ramp = torch.linspace(0.75, 1.15, size).view(1, 1, 1, size)
+        shade = torch.where(torch.rand((n, 1, 1, 1), generator=gen) < 0.5, ramp, ramp.transpose(2, 3))
+        img = _blur(bg * (1 - fill) + (fg * shade).clamp(0, 1) * fill, 0.7)
+        return img + 0.03 * torch.randn(img.shape, generator=gen)
+    if style == "sketch":
+        paper = 0.85 + 0.1 * _field(n, 1, size, 4, gen)
+        line = torch.exp(-(sdf / 0.8) ** 2)  # a band on the stroke outline: strokes become double lines
+        line = line * (_field(n, 1, size, 6, gen) > 0.25)  # broken in places
+        coords = torch.arange(size, dtype=torch.float32)
+        hatch = (torch.sin((coords.view(-1, 1) + coords.view(1, -1)) * 1.6) > 0.3).float()
+        ink = _uniform((n, 1, 1, 1), 0.05, 0.3, gen)
+        grey = paper - (paper - ink) * (line + 0.35 * hatch * fill).clamp(0, 1)
+        img = grey * torch.tensor([1.0, 0.97, 0.92]).view(1, 3, 1, 1)  # a warm paper tint
+        return img + 0.02 * torch.randn(img.shape, generator=gen)
+    if style == "noisy":
+        bg = _uniform((n, 3, 1, 1), 0.15, 0.85, gen).expand(n, 3, size, size)
+        fg = _contrasting(bg, (0.15, 0.3), gen)
+        img = bg * (1 - fill) + fg * fill + 0.2 * torch.randn((n, 3, size, size), generator=gen)
+        salt = torch.rand((n, 1, size, size), generator=gen)
+        return torch.where(salt < 0.03, 0.0, torch.where(salt > 0.97, 1.0, img))
+    if style == "painted":
+        c1, c2 = torch.rand((n, 3, 1, 1), generator=gen), torch.rand((n, 3, 1, 1), generator=gen)
+        tex = _stripes(n, size, gen)
+        bg = c1 * tex + c2 * (1 - tex)
+        bg = bg * (0.7 + 0.6 * _field(n, 1, size, 3, gen))  # brush-like uneven paint
+        outline = torch.exp(-(sdf / 0.7) ** 2)
+        img = bg * (1 - fill) + (1 - bg) * fill
+        return img * (1 - 0.8 * outline)
+    if style == "cartoon":
+        bg = 0.6 + 0.4 * torch.rand((n, 3, 1, 1), generator=gen)
+        hue = torch.rand((n, 3, 1, 1), generator=gen)
+        fg = (hue - hue.amin(1, keepdim=True)) / (hue.amax(1, keepdim=True) - hue.amin(1, keepdim=True) + 1e-6)
+        outline = torch.sigmoid(-(sdf.abs() - 1.0) / 0.4)
+        return (bg * (1 - fill) + fg * fill) * (1 - outline)
+    if style == "neon":
+        colour = 0.4 + 0.6 * torch.rand((n, 3, 1, 1), generator=gen)
+        glow = _blur(torch.exp(-(sdf / 0.6) ** 2), 1.2)
+        return colour * (1.6 * glow).clamp(0, 1) + 0.05 * torch.rand((n, 1, size, size), generator=gen)
+    raise ValueError(f"unknown style {style!r}")
+
+
+def generate(split: str, domain: int, num_classes: int, per_class: int, size: int) -> tuple[Tensor, Tensor]:
+    """uint8 images [K * per_class, 3, S, S] of one domain and split, ordered by class."""
+    gen = _gen(f"embedded_domains/{split}", domain)
+    y = torch.arange(num_classes).repeat_interleave(per_class)
+    glyphs = [class_glyph(k) for k in range(num_classes)]
+    img = render(_geometry(y, glyphs, size, gen), STYLES[domain], gen)
+    return (img.clamp(0, 1) * 255).round().to(torch.uint8), y
+
+
+def _split(parts: list[tuple[Tensor, Tensor]]) -> Split:
+    return Split(torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts]),
+                 torch.cat([torch.full_like(y, d) for d, (_, y) in enumerate(parts)]))
+
+
+def make_pool(num_classes: int = 10, num_domains: int = 4, train_per_class_domain: int = 150,
+              test_per_class_domain: int = 50, image_size: int = 32) -> Pool:
+    """The pool: train and test Splits with domain ids, ordered by domain then class."""
+    if not 1 <= num_domains <= len(STYLES):
+        raise ValueError(f"num_domains must be in 1..{len(STYLES)} ({', '.join(STYLES)}), got {num_domains}")
+    if num_classes < 1 or image_size < 8:
+        raise ValueError(f"need num_classes >= 1 and image_size >= 8, got {num_classes}, {image_size}")
+    train = _split([generate("train", d, num_classes, train_per_class_domain, image_size)
+                    for d in range(num_domains)])
+    test = _split([generate("test", d, num_classes, test_per_class_domain, image_size)
+                   for d in range(num_domains)])
+    pixels = train.x.double().div(255).transpose(0, 1).reshape(3, -1)
+    return Pool(name="embedded_domains", train=train, test=test, num_classes=num_classes,
+                class_names=[f"glyph{k}" for k in range(num_classes)], domain_names=list(STYLES[:num_domains]),
+                mean=tuple(pixels.mean(1).tolist()), std=tuple(pixels.std(1).tolist()))
