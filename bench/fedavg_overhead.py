@@ -77,7 +77,7 @@ def bare_rounds(cfg, data, rounds: int, device: torch.device) -> tuple[float, di
                 if idx is None:
                     continue
                 idx = idx.to(device)
-                loss = F.cross_entropy(model(x[idx]), y[idx])
+                loss = F.cross_entropy(model(data.prepare(x[idx])), y[idx])  # uint8 -> normalised floats
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()

@@ -50,7 +50,7 @@ def test_fedavg_equals_a_hand_written_loop(out):
                                         epochs=1):
                 if idx is not None:
                     opt.zero_grad()
-                    F.cross_entropy(model(train.x[idx]), train.y[idx]).backward()
+                    F.cross_entropy(model(data.prepare(train.x[idx])), train.y[idx]).backward()
                     opt.step()
             for k, v in model.state_dict().items():
                 sums[k] += len(train) * v.double()  # FedAvg: weights n_i / N
