@@ -109,7 +109,9 @@ class DataConfig:
     partition_seed: Optional[int] = param(None, help="seed of the split; defaults to the run seed")
     # embedded, procedurally generated image dataset
     num_classes: int = param(10, ge=2)
-    samples_per_class: int = param(300, ge=4)
+    num_domains: int = param(4, ge=1, le=6, help="embedded_domains: number of visual styles")
+    samples_per_class: int = param(300, ge=4, help="embedded: images per class; embedded_domains: training "
+                                   "images per class and domain (a third as many test images)")
     image_size: Optional[int] = param(None, ge=8, help="side of the (square) images; None = the dataset's default")
     channels: int = param(3, ge=1)
     noise: float = param(0.6, ge=0.0, help="pixel noise std of the embedded dataset (harder when larger)")

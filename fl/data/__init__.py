@@ -21,6 +21,15 @@ def embedded_images(d: DictConfig) -> Pool:
                 mean=tuple(pixels.mean(1).tolist()), std=tuple(pixels.std(1).tolist()))
 
 
+@register_dataset("embedded_domains")
+def embedded_multi_domain(d: DictConfig) -> Pool:
+    """Generated glyph images in `num_domains` visual styles, with a test split of its own."""
+    from fl.data.embedded_domains import make_pool
+
+    return make_pool(d.num_classes, d.num_domains, d.samples_per_class, max(1, d.samples_per_class // 3),
+                     d.image_size or 32)
+
+
 def build_data(cfg: DictConfig) -> FederatedData:
     seed = cfg.data.partition_seed if cfg.data.partition_seed is not None else cfg.seed
     return federate(DATASETS[cfg.data.name](cfg.data), cfg.data, seed)

@@ -178,5 +178,6 @@ def _apply_client_transform(clients: list[ClientData], d: DictConfig, seed: int)
         if c.train.x.dtype != torch.uint8:
             raise ConfigError(f"data.client_transform={d.client_transform!r} needs uint8 images; "
                               f"data.name={d.name!r} gives {c.train.x.dtype}")
-        c.train.x = fn(c.train.x, cid, len(clients), seed)
-        c.test.x = fn(c.test.x, cid, len(clients), seed)
+        # one call on train and test together: random corruptions (noise, blur angle) then differ per image
+        both = fn(torch.cat([c.train.x, c.test.x]), cid, len(clients), seed)
+        c.train.x, c.test.x = both[:len(c.train)], both[len(c.train):]
