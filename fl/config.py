@@ -73,6 +73,8 @@ class FabricConfig:
 class DataConfig:
     name: str = param("embedded", help="dataset name (see fl.data registry)")
     root: str = param("data", help="where datasets live and the embedded dataset is cached")
+    on_device: bool = param(True, help="keep all client data on the accelerator (index batching); false keeps "
+                            "it in host memory and moves each batch")
     download: bool = param(False, help="let torchvision download the dataset where it can (needs a network)")
     variant: Optional[str] = param(None, help="dataset-specific variant, e.g. the EMNIST split")
     num_clients: int = param(20, ge=1)

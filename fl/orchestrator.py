@@ -93,7 +93,7 @@ class Orchestrator:
             self.module: ClientModule = self.spec.client_cls(cfg, data)
         # client data lives on the device, in the model's dtype, for index batching
         self.dtype = next(self.module.parameters()).dtype
-        self.data = data.to(fabric.device, self.dtype)
+        self.data = data.to(fabric.device if cfg.data.on_device else "cpu", self.dtype)
         self.module.fabric = fabric  # LightningModule's Fabric integration: manual_backward, optimizers()
         self.module.snapshot_initial_state()
         server.setup(self.module, self.data)
@@ -204,9 +204,8 @@ class Orchestrator:
             if idx is None:  # end of a pass over the data
                 m.on_local_epoch_end(epoch)
                 continue
-            idx = idx.to(train.y.device, non_blocking=True)
             with fabric.autocast():
-                out = m.training_step((self.data.prepare(train.x[idx], self.dtype), train.y[idx]), n_steps)
+                out = m.training_step(self._batch(train, idx.to(train.y.device, non_blocking=True)), n_steps)
             out = out if isinstance(out, dict) else {"loss": out}
             if m.automatic_optimization:
                 optimizer.zero_grad(set_to_none=True)
@@ -218,6 +217,12 @@ class Orchestrator:
             n_steps += 1
         m.on_local_train_end()
         return {k: float(v) / max(n_steps, 1) for k, v in sums.items()}
+
+    def _batch(self, split: Split, idx) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather a batch from the client's tensors, normalise it, and put it on the device."""
+        device = self.fabric.device
+        x, y = split.x[idx].to(device, non_blocking=True), split.y[idx].to(device, non_blocking=True)
+        return self.data.prepare(x, self.dtype), y
 
     def _exchange(self, acc: WeightedSum, results: list[LocalResult]):
         """All-reduce the weighted parameter sums and gather every client's result, in client order."""
@@ -266,7 +271,7 @@ class Orchestrator:
         bs = self.cfg.trainer.eval_batch_size
         self.module.eval()
         for begin in range(start * bs, len(split), stride * bs):
-            x, y = self.data.prepare(split.x[begin:begin + bs], self.dtype), split.y[begin:begin + bs]
+            x, y = self._batch(split, slice(begin, begin + bs))
             with self.fabric.autocast():
                 yield self.module.predict(x).argmax(1), y
 
