@@ -105,7 +105,10 @@ class DataConfig:
     max_client_train: Optional[int] = param(None, ge=1, help="cap on each client's training set (FedBN/FedMosaic)")
     public_size: int = param(0, ge=0, help="size of the unlabeled public set held out from all clients (FedMosaic)")
     target: Any = param(None, help="null, 'partition' (one more partition is the target, FedPALS) or K probabilities")
-    target_val_size: int = param(500, ge=1, help="target validation samples when data.target is a distribution")
+    target_val_size: int = param(500, ge=1, help="target validation samples (from the official test split) when "
+                                 "data.target is a distribution")
+    clients_follow_target: bool = param(False, help="redraw every client's data with the target's label mix, "
+                                        "keeping n_i (FedPALS' Oracle baseline)")
     client_transform: str = param("none", choices=["none", "feddrm_color", "cifar_s"],
                                   help="per-client covariate shift applied to each client's train and test data")
     partition_seed: Optional[int] = param(None, help="seed of the split; defaults to the run seed")
@@ -292,9 +295,11 @@ def _check_node(node: DictConfig, prefix: str) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Range / choice checks from the field metadata, plus the registries of datasets and models."""
-    from fl.registry import DATASETS, MODELS
+    from fl.registry import DATASETS, METHODS, MODELS
 
     _check_node(cfg, "")
+    if METHODS[cfg.method.name].resolve is not None:
+        METHODS[cfg.method.name].resolve(cfg)
     if cfg.data.name not in DATASETS:
         raise ConfigError(_choices_msg("data.name", cfg.data.name, DATASETS))
     if cfg.model.name not in MODELS:
@@ -330,6 +335,9 @@ def load_config(argv: list[str]) -> DictConfig:
         base = _resume_base(resume, conf, cli)
     else:
         base = load_conf_file(resolve_conf_path(conf or DEFAULT_CONF))
+    file_method, cli_method = _method_name(base), OmegaConf.select(cli, "method.name", default=None)
+    if cli_method is not None and cli_method != file_method and "method" in base:
+        base.method = {"name": cli_method}  # the file's hyperparameters belong to the file's method
     cfg = _merge(_method_name(base, cli), base, cli)
     if cfg.trainer.local_steps is not None:
         cfg.trainer.local_epochs = None  # steps win; keep the resolved config honest

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from lightning.fabric import Fabric
 from omegaconf import DictConfig
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from fl.client import ClientModule, Upload
 from fl.data import FederatedData, Split, batch_indices
@@ -159,7 +159,7 @@ class Orchestrator:
         if (rnd + 1) % cfg.trainer.eval_every == 0 or rnd == cfg.trainer.rounds - 1:
             metrics.update(self.evaluate(rnd))
         fabric.call("on_round_end", self, rnd, metrics)
-        return metrics
+        return {k: float(v) for k, v in metrics.items()}  # plain floats: JSON, W&B and checkpoints alike
 
     # ---- local work ---------------------------------------------------------------------------
     def load_client(self, rnd: int, cid: int) -> ClientModule:
@@ -294,7 +294,27 @@ class Orchestrator:
             for preds, y in self._predict(self.data.pooled_test(), fabric.global_rank, fabric.world_size):
                 pooled.update(preds, y)
             metrics["test/acc_global"] = float(pooled.compute())
+            if self.data.target is not None:
+                metrics.update(self._target_metrics())
         return metrics
+
+    def _target_metrics(self) -> dict[str, float]:
+        """The global model on the target client's validation and test data (FedPALS' protocol); every
+        process scores the whole (small) sets, so no collective is needed. Macro-F1 averages over the
+        classes present in the test labels (WILDS' convention)."""
+        t, K, device = self.data.target, self.data.num_classes, self.fabric.device
+        out = {}
+        for name, split in (("val", t.val), ("test", t.test)):
+            acc = MulticlassAccuracy(K, average="micro").to(device)
+            f1 = MulticlassF1Score(K, average="none").to(device)
+            for preds, y in self._predict(split):
+                acc.update(preds, y)
+                f1.update(preds, y)
+            out[f"{name}/target_acc"] = float(acc.compute())
+            if name == "test":
+                present = torch.bincount(split.y, minlength=K) > 0
+                out["test/target_f1"] = float(f1.compute()[present.to(device)].mean())
+        return out
 
     # ---- checkpoints --------------------------------------------------------------------------
     def save(self, rnd: int) -> None:

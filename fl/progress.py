@@ -42,4 +42,8 @@ def format_summary(summary: dict, keys: list[str] | None = None) -> str:
     for k in keys:
         lines.append(f"{k:<{width}}  {summary['final'][k]:>8.4f}  {summary['best'][k]:>8.4f}  "
                      f"{summary['best_round'][k] + 1:>6}  {summary[last_key][k]:>8.4f}")
+    if "at_best_val" in summary:  # model selection on the target validation set
+        sel = summary["at_best_val"]
+        picked = " ".join(f"{k}={v:.4f}" for k, v in sel.items() if k.startswith("test/target"))
+        lines.append(f"selected by val/target_acc (round {sel['round'] + 1}): {picked}")
     return "\n".join(lines)

@@ -6,7 +6,7 @@ nothing in the orchestrator lists methods.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 
 @dataclass(frozen=True)
@@ -15,6 +15,7 @@ class MethodSpec:
     config_cls: type
     client_cls: type
     server_cls: type
+    resolve: Optional[Callable] = None  # (cfg) -> None: validate / normalise the method block, raise ConfigError
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -22,10 +23,11 @@ DATASETS: dict[str, Callable] = {}
 MODELS: dict[str, Callable] = {}
 
 
-def register_method(name: str, config_cls: type, client_cls: type, server_cls: type) -> None:
+def register_method(name: str, config_cls: type, client_cls: type, server_cls: type,
+                    resolve: Optional[Callable] = None) -> None:
     if name in METHODS:
         raise KeyError(f"method {name!r} is registered twice")
-    METHODS[name] = MethodSpec(name, config_cls, client_cls, server_cls)
+    METHODS[name] = MethodSpec(name, config_cls, client_cls, server_cls, resolve)
 
 
 def register_dataset(name: str):

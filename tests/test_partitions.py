@@ -158,8 +158,12 @@ def test_target_as_partition_and_as_a_given_distribution():
     assert set(t.test.y.tolist()) == set(torch.nonzero(t.distribution).flatten().tolist())
     assert not ids(t.val) & set().union(*(ids(c.train) | ids(c.test) for c in fd.clients))
     want = [0.5, 0.5] + [0.0] * 8
-    fd = federate(pool, data_cfg(num_clients=4, target=want), seed=0)
-    assert set(fd.target.val.y.tolist()) == {0, 1} and len(fd.target.val) == 120  # capped by the pool
+    fd = federate(pool, data_cfg(num_clients=4, target=want, target_val_size=10), seed=0)
+    # validation and test both come from the official test split (20 per class), disjoint
+    assert torch.equal(torch.bincount(fd.target.val.y, minlength=K)[:3], torch.tensor([5, 5, 0]))
+    assert torch.equal(torch.bincount(fd.target.test.y, minlength=K)[:3], torch.tensor([15, 15, 0]))
+    assert not ids(fd.target.val) & ids(fd.target.test)
+    assert sum(len(c.train) + len(c.test) for c in fd.clients) == len(pool.train)  # no training data taken
     for bad in ([0.5, 0.5], [1.5, -0.5] + [0.0] * 8, "someone"):
         with pytest.raises(ConfigError, match="data.target"):
             federate(pool, data_cfg(num_clients=4, target=bad), seed=0)
@@ -170,3 +174,24 @@ def test_pool_splits_merges_official_test_before_partitioning():
     fd = federate(pool, data_cfg(num_clients=4, pool_splits=True, test_fraction=0.3), seed=0)
     total = sum(len(c.train) + len(c.test) for c in fd.clients)
     assert total == len(pool.train) + len(pool.test) and fd.global_test is None
+
+
+def test_oracle_clients_follow_the_target_and_keep_their_sizes():
+    pool = make_pool(n_per_class=100)
+    # round robin over 9 clients + target with C=2: every class is held by two partitions, so the target's
+    # classes also exist outside its own data
+    d = dict(num_clients=9, partition="classes", classes_per_client=2, class_assignment="round_robin",
+             target="partition")
+    plain = federate(pool, data_cfg(**d), seed=0)
+    oracle = federate(pool, data_cfg(**d, clients_follow_target=True), seed=0)
+    t = oracle.target.distribution
+    assert torch.equal(t, plain.target.distribution)
+    seen, ratios = set(), []
+    for a, b in zip(plain.clients, oracle.clients):
+        h = torch.bincount(torch.cat([b.train.y, b.test.y]), minlength=K).double()
+        torch.testing.assert_close(h / h.sum(), t, atol=0.02, rtol=0)
+        ratios.append((len(b.train) + len(b.test)) / (len(a.train) + len(a.test)))
+        assert not (ids(b.train) | ids(b.test)) & seen
+        seen |= ids(b.train) | ids(b.test)
+    # sizes keep their proportions, scaled down together when the target's classes run short
+    assert max(ratios) - min(ratios) < 0.15 and max(ratios) <= 1.0

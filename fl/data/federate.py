@@ -113,11 +113,11 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
                                          size=d.public_size)
         public, free[public_pos] = source.subset(torch.from_numpy(public_pos)), False
 
-    target_val = None
-    if target_dist is not None:
-        pos = proportional_sample(source.y.numpy(), target_dist, _rng(seed, "target"), free,
-                                  size=d.target_val_size)
-        target_val, free[pos] = pos, False
+    target_val = target_taken = None
+    if target_dist is not None:  # validation drawn from the official test split, disjoint from the target test
+        target_val = proportional_sample(official.y.numpy(), target_dist, _rng(seed, "target"), size=d.target_val_size)
+        target_taken = np.zeros(len(official), dtype=bool)
+        target_taken[target_val] = True
 
     if d.partition_labels == "fine" and fine is None:
         raise ConfigError(f"data.partition_labels=fine needs a dataset with fine labels (cifar20); "
@@ -127,9 +127,15 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
     domains = None if source.domain is None else source.domain.numpy()[avail]
     num_parts = d.num_clients + (1 if d.target == "partition" else 0)
     parts = [avail[p] for p in partition_positions(labels, domains, d, num_parts, _rng(seed, "partition"))]
-    if d.target == "partition":
-        target_val = parts.pop()
+    val_split = official
+    if d.target == "partition":  # the extra partition is the target; its samples are its validation set
+        target_val, val_split = parts.pop(), source
         target_dist = np.bincount(source.y.numpy()[target_val], minlength=K) / len(target_val)
+    if d.clients_follow_target:  # FedPALS' Oracle: every client's data redrawn with the target's label mix
+        usable = free.copy()
+        if val_split is source:
+            usable[target_val] = False
+        parts = _follow_target(parts, source.y.numpy(), usable, target_dist, _rng(seed, "oracle"))
 
     clients, index_lists = [], []
     split_rng, scarce_rng, test_rng = _rng(seed, "client-split"), _rng(seed, "scarcity"), _rng(seed, "client-test")
@@ -155,8 +161,9 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
         _apply_client_transform(clients, d, seed)
     target = None
     if target_dist is not None:
-        test_pos = proportional_sample(official.y.numpy(), target_dist, _rng(seed, "target-test"))
-        target = Target(torch.from_numpy(target_dist), source.subset(torch.from_numpy(target_val)),
+        allowed = None if target_taken is None else ~target_taken
+        test_pos = proportional_sample(official.y.numpy(), target_dist, _rng(seed, "target-test"), allowed)
+        target = Target(torch.from_numpy(target_dist), val_split.subset(torch.from_numpy(target_val)),
                         official.subset(torch.from_numpy(test_pos)))
         index_lists += [target_val, test_pos]
     if public_pos is not None:
@@ -166,6 +173,31 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
                          partition=[torch.from_numpy(np.asarray(i, dtype=np.int64)) for i in index_lists],
                          global_test=global_test, public=public, target=target, mean=pool.mean, std=pool.std,
                          class_names=pool.class_names, domain_names=pool.domain_names)
+
+
+def _follow_target(parts: list[np.ndarray], labels: np.ndarray, avail: np.ndarray, target: Optional[np.ndarray],
+                   rng: np.random.Generator) -> list[np.ndarray]:
+    """Each client keeps its size n_i (scaled down if the pool runs short) but draws its samples from the
+    whole usable pool, without replacement across clients, with the target's label proportions."""
+    if target is None:
+        raise ConfigError("data.clients_follow_target=true needs data.target")
+    have = np.bincount(labels[avail], minlength=len(target))
+    sizes = np.array([len(p) for p in parts], dtype=float)
+    need = target * sizes.sum()
+    scale = min(1.0, min(have[k] / need[k] for k in np.flatnonzero(target > 0)))
+    if scale * sizes.min() < 1:
+        raise ConfigError("data.clients_follow_target: the pool outside the target's own data holds too few samples "
+                          f"of the target's classes {np.flatnonzero(target > 0).tolist()} to give every client one")
+    pools = {k: list(rng.permutation(np.flatnonzero(avail & (labels == k)))) for k in np.flatnonzero(target > 0)}
+    out = []
+    for size in sizes:  # floor per class, so the pool never runs out part-way
+        pos = []
+        for k, pool in pools.items():
+            take = int(target[k] * size * scale)
+            pos += pool[:take]
+            del pool[:take]
+        out.append(np.sort(np.array(pos, dtype=np.int64)))
+    return out
 
 
 def _apply_client_transform(clients: list[ClientData], d: DictConfig, seed: int) -> None:

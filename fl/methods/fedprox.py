@@ -25,6 +25,8 @@ class FedProxClient(ClientModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         ce = F.cross_entropy(self(x), y)
+        if self.hp.mu == 0:  # plain FedAvg step; skips a pass over the parameters
+            return ce
         prox = sum(torch.sum((p - a) ** 2) for p, a in zip(self.parameters(), self.anchor))
         return {"loss": ce + 0.5 * self.hp.mu * prox, "ce": ce.detach(), "prox": prox.detach()}
 

@@ -27,4 +27,9 @@ def summarize_history(history: list[dict], last_k: int) -> dict:
         best[key], best_round[key] = v, points[values.index(v)][0]
         tail = values[-last_k:]
         last[key] = sum(tail) / len(tail)
-    return {"final": final, "best": best, "best_round": best_round, f"mean_last_{last_k}": last, "last_k": last_k}
+    out = {"final": final, "best": best, "best_round": best_round, f"mean_last_{last_k}": last, "last_k": last_k}
+    if "val/target_acc" in series:  # model selection on the target validation set (FedPALS)
+        round_ = best_round["val/target_acc"]
+        row = next(r for r in history if r["round"] == round_)
+        out["at_best_val"] = {"round": round_, **{k: v for k, v in row.items() if k.startswith("test/")}}
+    return out
