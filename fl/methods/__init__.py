@@ -1,2 +1,2 @@
 """Importing this package registers every method (one module each)."""
-from fl.methods import centralized, fedavg, fedavg_ft, fedper, fedprox, local  # noqa: F401
+from fl.methods import centralized, fedavg, fedavg_ft, fedpals, fedper, fedprox, local, scaffold  # noqa: F401

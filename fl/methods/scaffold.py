@@ -1,0 +1,194 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020): local SGD with control variates that correct client drift.
+
+Algorithm 1 of the paper, with option II for the client control variate:
+
+    server state: model x and control variate c; client i keeps its own c_i (zero at the start)
+    client i:     y <- x;  K times: y <- y - lr * (g_i(y) + c - c_i)
+                  c_i+ <- c_i - c + (x - y) / (K * lr)          (option II)
+                  send (y, delta c_i = c_i+ - c_i); keep c_i+
+    server:       x <- x + eta_g * (avg_i y_i - x)
+                  c <- c + (1/M) * sum_{i in round} delta c_i   (M = all clients, |S|/M * mean)
+
+How it maps onto this framework:
+- The broadcast payload carries x ("params") and c ("c"). c_i lives in the per-client state store
+  (`client_state()["c_i"]`, CPU); a client that was never sampled has c_i = 0.
+- The correction uses manual optimization: backward of the client loss, then (c - c_i) is added to the
+  .grad of every controlled parameter before `opt.step()`. K is the number of steps actually taken
+  (`trainer.local_steps`, or the batches of `trainer.local_epochs` passes) and lr is `optim.lr`.
+  Option II assumes plain SGD; with momentum or Adam the same correction is added to the gradient and
+  the c_i update still uses (x - y) / (K * lr), as common implementations do. Under fp16 loss scaling
+  (`fabric.precision=16-mixed`) the correction is scaled like the gradients, and steps the scaler skips
+  are not counted in K.
+- Aggregation of the models: the orchestrator averages the uploaded parameters. By default the weights
+  are n_i (as FedAvg does in this framework, `method.param_weighting=samples`); the paper averages
+  uniformly over the sampled clients, which `method.param_weighting=uniform` gives (weight 1.0).
+- Only floating-point parameters with requires_grad get control variates (and the server step size
+  eta_g = `method.server_lr`); buffers such as BatchNorm statistics are plain FedAvg averages.
+- With eta_g = 1 the server step is x <- mean exactly, so round 0 (where c = c_i = 0) equals FedAvg.
+- The update of c is summed in float64 in client order, so 1 and 2 processes give the same c.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from fl.client import ClientModule, Upload
+from fl.config import MethodConfig, param
+from fl.registry import register_method
+from fl.server import Server
+
+
+@dataclass
+class ScaffoldConfig(MethodConfig):
+    name: str = "scaffold"
+    server_lr: float = param(1.0, gt=0.0, search={"values": [0.5, 1.0, 2.0]},
+                             help="global step size eta_g: x <- x + eta_g * (mean of client models - x)")
+    param_weighting: str = param("samples", choices=["samples", "uniform"],
+                                 help="weights of the model average: samples = n_i (FedAvg), "
+                                 "uniform = 1 per sampled client (the paper)")
+
+
+def controlled_keys(module: ClientModule) -> list[str]:
+    """Names of the parameters that get control variates: shared, trainable, floating point."""
+    return [k for k, p in module.named_parameters()
+            if p.requires_grad and p.is_floating_point() and not module.is_private(k)]
+
+
+class ScaffoldClient(ClientModule):
+    def __init__(self, cfg, data):
+        super().__init__(cfg, data)
+        self.automatic_optimization = False
+        self.c: dict[str, Tensor] = {}  # the server's control variate, as broadcast this round
+        self.c_i: dict[str, Tensor] = {}  # this client's control variate (device while training)
+        self._stored_c_i: Optional[dict[str, Tensor]] = None  # as loaded from the store (CPU) or None
+        self._delta_c: dict[str, Tensor] = {}
+        self._steps = 0
+
+    # ---- communication and state ----------------------------------------------------------------
+    def receive(self, payload: dict[str, Any]) -> None:
+        super().receive(payload)
+        self.c = payload.get("c") or {}
+
+    def load_client_state(self, state: Optional[dict[str, Any]]) -> None:
+        super().load_client_state(state)
+        # moved to the device only when the client trains (evaluation does not need it)
+        self._stored_c_i = state.get("c_i") if state is not None else None
+        self.c_i, self._delta_c = {}, {}
+
+    def client_state(self) -> dict[str, Any]:
+        state = super().client_state()
+        c_i = self.c_i if self.c_i else (self._stored_c_i or {})
+        state["c_i"] = {k: v.detach().cpu().clone() for k, v in c_i.items()}
+        return state
+
+    def upload(self) -> Upload:
+        up = super().upload()
+        up.message = {"delta_c": {k: v.detach().cpu() for k, v in self._delta_c.items()}}
+        return up
+
+    # ---- local training -----------------------------------------------------------------------
+    def _controlled(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(k, p) for k, p in self.named_parameters() if k in self.c]
+
+    def on_local_train_start(self) -> None:
+        params = self._controlled()
+        stored = self._stored_c_i or {}
+        self.c_i = {k: stored[k].to(p.device, p.dtype) if k in stored else torch.zeros_like(p, requires_grad=False)
+                    for k, p in params}
+        self._x = {k: p.detach().clone() for k, p in params}  # the global model received this round
+        self._correction = {k: (self.c[k].to(p.device, p.dtype) - self.c_i[k]) for k, p in params}
+        self._delta_c = {}
+        self._steps = 0
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)  # the client loss: cross-entropy
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(loss)
+        scaler = self._grad_scaler()
+        scale = float(scaler.get_scale()) if scaler is not None else 1.0  # grads are scaled until opt.step
+        with torch.no_grad():
+            for k, p in self._controlled():  # g(y) + c - c_i
+                if p.grad is None:
+                    p.grad = self._correction[k] * scale
+                elif scale == 1.0:
+                    p.grad.add_(self._correction[k])
+                else:
+                    p.grad.add_(self._correction[k], alpha=scale)
+        opt.step()
+        # with a loss scaler, a step with non-finite gradients is skipped (and the scale lowered): not counted in K
+        if scaler is None or float(scaler.get_scale()) >= scale:
+            self._steps += 1
+        return {"loss": loss.detach()}
+
+    def _grad_scaler(self):
+        """The fp16 loss scaler of `fabric.precision=16-mixed`, or None (no scaling)."""
+        fabric = self._fabric
+        scaler = getattr(getattr(fabric.strategy, "precision", None), "scaler", None) if fabric is not None else None
+        return scaler if scaler is not None and scaler.is_enabled() else None
+
+    def on_local_train_end(self) -> None:
+        if self._steps == 0:  # no step taken: c_i stays, nothing to add to c
+            return
+        scale = 1.0 / (self._steps * float(self.cfg.optim.lr))
+        with torch.no_grad():
+            new = {k: self.c_i[k] - self.c[k].to(p.device, p.dtype) + (self._x[k] - p.detach()) * scale
+                   for k, p in self._controlled()}  # option II
+        self._delta_c = {k: new[k] - self.c_i[k] for k in new}
+        self.c_i = new
+        self._x = {}
+        self._correction = {}
+
+
+class ScaffoldServer(Server):
+    def setup(self, module: ClientModule, data) -> None:
+        super().setup(module, data)
+        self.control = {k: torch.zeros_like(self.global_params[k]) for k in controlled_keys(module)
+                        if k in self.global_params}
+
+    def broadcast(self, cid: int) -> dict[str, Any]:
+        return {"params": self.global_params, "c": self.control}
+
+    def weight(self, cid: int, upload: Upload) -> float:
+        return 1.0 if self.hp.param_weighting == "uniform" else upload.weight
+
+    def server_step(self, orch, round_idx: int, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
+        eta = float(self.hp.server_lr)
+        if mean:
+            if eta == 1.0:
+                self.global_params = dict(mean)
+            else:
+                new = {}
+                for k, v in mean.items():
+                    x = self.global_params.get(k)
+                    if k in self.control and x is not None:
+                        x64 = x.double()
+                        new[k] = (x64 + eta * (v.double() - x64)).to(x.dtype)
+                    else:  # buffers: plain average
+                        new[k] = v
+                self.global_params = new
+        # c <- c + (1/M) sum_i delta c_i, summed in float64 in client order
+        sums: dict[str, Tensor] = {}
+        for cid in sorted(messages):
+            for k, d in (messages[cid] or {}).get("delta_c", {}).items():
+                d = d.detach().to(torch.float64)
+                sums[k] = sums[k] + d if k in sums else d.clone()
+        m = float(self.data.num_clients)
+        for k, s in sums.items():
+            c = self.control[k]
+            self.control[k] = (c.double() + s.to(c.device) / m).to(c.dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["control"] = {k: v.cpu() for k, v in self.control.items()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        super().load_state_dict(state, device)
+        self.control = {k: v.to(device) for k, v in state["control"].items()}
+
+
+register_method("scaffold", ScaffoldConfig, ScaffoldClient, ScaffoldServer)

@@ -1,0 +1,182 @@
+"""SCAFFOLD (fl/methods/scaffold.py): equal to FedAvg while the control variates are zero, the option-II
+control-variate update in closed form and against a hand-written loop, the correction changes training
+from round 1 on, resume, and 1-vs-2 processes."""
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fl.config import load_config
+from fl.data import batch_indices, build_data
+from fl.models import build_model
+from fl.orchestrator import sample_clients
+from fl.seeding import generator, seed_torch
+from fl.train import main
+from tests.conftest import read_metrics, run_cli, tiny
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """The in-process runs use one intra-op thread (torch's 2 threads crawl on a busy 2-core machine);
+    give the rest of the session its thread count back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(out: Path, *extra: str, name: str) -> Path:
+    assert main(tiny(out, "fabric.cpu_threads=1", f"logger.run_name={name}", *extra)) == 0
+    return out / "outputs" / name
+
+
+def ckpt(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt")
+
+
+def initial_model(cfg, data):
+    seed_torch(cfg.seed, 0, -1, "init")  # how the orchestrator initialises the global model
+    return build_model(cfg, data.input_shape, data.num_classes)
+
+
+def test_round_0_equals_fedavg_exactly(out):
+    avg = run(out, "method.name=fedavg", "trainer.rounds=1", "optim.momentum=0.9", name="avg")
+    sca = run(out, "method.name=scaffold", "trainer.rounds=1", "optim.momentum=0.9", name="sca")
+    ga, server = ckpt(avg)["server"]["global_params"], ckpt(sca)["server"]
+    assert set(server) == {"global_params", "control"}  # x is stored under the base class's key
+    gs = server["global_params"]
+    assert ga.keys() == gs.keys() and all(torch.equal(ga[k], gs[k]) for k in ga)
+    assert read_metrics(avg) == read_metrics(sca)
+    # every trainable parameter has a control variate, and it moved away from zero
+    assert server["control"].keys() == {k for k, v in gs.items() if v.is_floating_point()}
+    assert any(v.abs().sum() > 0 for v in server["control"].values())
+
+
+def test_control_variates_after_one_round_in_closed_form(out):
+    # participation 0.1 of 6 clients: one client trains, so the new global model is its y
+    extra = ("trainer.rounds=1", "trainer.participation=0.1", "trainer.local_steps=3", "optim.lr=0.05",
+             "optim.momentum=0")
+    state = ckpt(run(out, "method.name=scaffold", *extra, name="one"))
+    cfg = load_config(tiny(out, *extra))
+    data = build_data(cfg)
+    x0 = {f"model.{k}": v for k, v in initial_model(cfg, data).state_dict().items()}
+    (cid,) = sample_clients(cfg.seed, 0, data.num_clients, cfg.trainer.participation)
+    assert list(state["clients"]) == [cid]
+    y = state["server"]["global_params"]
+    c_i = state["clients"][cid]["c_i"]
+    c = state["server"]["control"]
+    assert c_i.keys() == c.keys() == x0.keys()
+    for k in x0:
+        expected = (x0[k] - y[k]) / (3 * 0.05)  # c_i+ = c_i - c + (x - y)/(K lr) with c = c_i = 0
+        assert expected.abs().max() > 1e-4, k  # the parameter did move
+        torch.testing.assert_close(c_i[k], expected, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(c[k], c_i[k] / data.num_clients, rtol=1e-6, atol=1e-8)  # c = sum dc_i / M
+
+
+def test_equals_a_hand_written_scaffold_loop(out):
+    """Algorithm 1 (option II) by hand on a linear model with plain SGD (the quickstart config has momentum):
+    3 rounds, half the clients, uniform weights, eta_g = 0.5."""
+    extra = ("model.name=logistic", "trainer.rounds=3", "trainer.local_steps=3", "method.name=scaffold",
+             "method.param_weighting=uniform", "method.server_lr=0.5", "optim.lr=0.1", "optim.momentum=0")
+    state = ckpt(run(out, *extra, name="sca"))
+    cfg = load_config(tiny(out, *extra))
+    data = build_data(cfg)
+    model = initial_model(cfg, data)
+    lr, eta, num_clients = cfg.optim.lr, cfg.method.server_lr, data.num_clients
+    x = {k: v.detach().clone() for k, v in model.named_parameters()}
+    c = {k: torch.zeros_like(v) for k, v in x.items()}
+    c_clients: dict[int, dict] = {}
+    for rnd in range(cfg.trainer.rounds):
+        ys, deltas = [], []
+        for cid in sample_clients(cfg.seed, rnd, num_clients, cfg.trainer.participation):
+            ci = c_clients.get(cid, {k: torch.zeros_like(v) for k, v in x.items()})
+            model.load_state_dict(x)
+            train, steps = data.clients[cid].train, 0
+            for _, idx in batch_indices(len(train), cfg.trainer.batch_size, generator(cfg.seed, rnd, cid, "train"),
+                                        steps=cfg.trainer.local_steps):
+                if idx is None:
+                    continue
+                loss = F.cross_entropy(model(data.prepare(train.x[idx])), train.y[idx])
+                grads = torch.autograd.grad(loss, list(model.parameters()))
+                with torch.no_grad():
+                    for (k, p), g in zip(model.named_parameters(), grads):
+                        p -= lr * (g + c[k] - ci[k])
+                steps += 1
+            y = {k: v.detach().clone() for k, v in model.named_parameters()}
+            new = {k: ci[k] - c[k] + (x[k] - y[k]) / (steps * lr) for k in x}
+            deltas.append({k: new[k] - ci[k] for k in x})
+            c_clients[cid] = new
+            ys.append(y)
+        x = {k: x[k] + eta * (sum(y[k] for y in ys) / len(ys) - x[k]) for k in x}
+        c = {k: c[k] + sum(d[k] for d in deltas) / num_clients for k in c}
+    assert rnd >= 1 and any(v.abs().sum() > 0 for v in c.values())  # the correction was active
+    for k in x:
+        torch.testing.assert_close(state["server"]["global_params"][f"model.{k}"], x[k], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(state["server"]["control"][f"model.{k}"], c[k], rtol=1e-4, atol=1e-5)
+    assert state["clients"].keys() == c_clients.keys()
+    for cid, ci in c_clients.items():
+        for k in x:
+            torch.testing.assert_close(state["clients"][cid]["c_i"][f"model.{k}"], ci[k], rtol=1e-4, atol=1e-5)
+
+
+def test_fp16_loss_scaling_scales_the_correction_with_the_gradients(out, monkeypatch):
+    """Under 16-mixed, grads stay multiplied by the loss scale until opt.step unscales them; an unscaled
+    correction would all but vanish (the run would be close to FedAvg, ~15% away here, instead of ~1e-4)."""
+    import fl.train
+    from lightning.fabric import Fabric
+    from lightning.fabric.plugins.precision import MixedPrecision
+
+    extra = ("model.name=logistic", "trainer.rounds=3", "trainer.local_steps=3", "method.name=scaffold",
+             "optim.momentum=0", "optim.lr=0.1")
+    ref = ckpt(run(out, *extra, name="fp32"))["server"]
+
+    def fp16_fabric(cfg, callbacks, loggers):  # Fabric turns 16-mixed into bf16 on CPU; force a real scaler
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+        return Fabric(accelerator="cpu", devices=1, callbacks=callbacks, loggers=loggers,
+                      plugins=[MixedPrecision("16-mixed", "cpu", scaler)])
+
+    monkeypatch.setattr(fl.train, "make_fabric", fp16_fabric)
+    got = ckpt(run(out, *extra, name="fp16"))["server"]
+    for part in ("global_params", "control"):
+        for k, v in ref[part].items():
+            assert float((got[part][k] - v).norm() / v.norm()) < 1e-2, (part, k)
+
+
+def test_correction_changes_training_from_round_1_and_resume_is_exact(out):
+    avg = read_metrics(run(out, "method.name=fedavg", "trainer.rounds=4", name="avg"))
+    full = run(out, "method.name=scaffold", "trainer.rounds=4", name="full")
+    sca = read_metrics(full)
+    assert avg[0] == sca[0]  # control variates are zero in round 0
+    assert all(a["train/loss"] != s["train/loss"] for a, s in zip(avg[1:], sca[1:]))
+    cut = run(out, "method.name=scaffold", "trainer.rounds=2", name="cut")
+    assert ckpt(cut)["round"] == 1
+    assert main([f"resume={cut}", "trainer.rounds=4"]) == 0
+    assert read_metrics(cut) == sca
+    a, b = ckpt(full), ckpt(cut)
+    for part in ("global_params", "control"):
+        assert all(torch.equal(a["server"][part][k], b["server"][part][k]) for k in a["server"][part])
+    assert a["clients"].keys() == b["clients"].keys()
+    for cid in a["clients"]:
+        ca, cb = a["clients"][cid]["c_i"], b["clients"][cid]["c_i"]
+        assert all(torch.equal(ca[k], cb[k]) for k in ca)
+
+
+def test_one_and_two_processes_give_the_same_run(out):
+    common = tiny(out, "method.name=scaffold", "trainer.rounds=4", "fabric.cpu_threads=1", "data.num_clients=7",
+                  "trainer.participation=0.6")
+    one = run_cli(common + ["logger.run_name=one"], cwd=out)
+    two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
+    a, b = read_metrics(out / "outputs" / "one"), read_metrics(out / "outputs" / "two")
+    assert len(a) == 4 and [r.keys() for r in a] == [r.keys() for r in b]
+    for ra, rb in zip(a, b):
+        for k in ra:
+            assert ra[k] == pytest.approx(rb[k], abs=1e-5), k
+    ca, cb = ckpt(out / "outputs" / "one"), ckpt(out / "outputs" / "two")
+    for part in ("global_params", "control"):
+        for k, v in ca["server"][part].items():
+            torch.testing.assert_close(cb["server"][part][k], v, rtol=0, atol=1e-5)
+    assert ca["clients"].keys() == cb["clients"].keys()
+    for cid, s in ca["clients"].items():
+        for k, v in s["c_i"].items():
+            torch.testing.assert_close(cb["clients"][cid]["c_i"][k], v, rtol=0, atol=1e-5)
