@@ -126,6 +126,7 @@ class DataConfig:
 class ModelConfig:
     name: str = param("cnn", help="model name (see fl.models registry)")
     width: int = param(32, ge=1, help="channels of the first conv / hidden units")
+    norm: str = param("none", choices=["none", "batch", "group"], help="cnn: normalisation after each conv")
 
 
 @dataclass

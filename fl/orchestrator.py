@@ -58,17 +58,25 @@ class LocalResult:
 
 @dataclass
 class WeightedSum:
-    """Streaming sum_i w_i * params_i in float64, so memory does not grow with the clients of a round."""
+    """Streaming sum_i w_i * params_i in float64, so memory does not grow with the clients of a round.
+    Integer tensors (counters such as BatchNorm's num_batches_tracked) are not averaged: their
+    elementwise maximum over the clients is kept."""
     sums: dict[str, torch.Tensor] = field(default_factory=dict)
     dtypes: dict[str, torch.dtype] = field(default_factory=dict)
     total: float = 0.0
 
     def add(self, params: dict[str, torch.Tensor], weight: float) -> None:
         for k, v in params.items():
+            v64 = v.to(torch.float64)
             if k not in self.sums:
-                self.sums[k] = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
+                self.sums[k] = torch.zeros_like(v64) if v.is_floating_point() else v64.clone()
                 self.dtypes[k] = v.dtype
-            self.sums[k].add_(v.to(torch.float64), alpha=weight)
+                if not v.is_floating_point():
+                    continue
+            if v.is_floating_point():
+                self.sums[k].add_(v64, alpha=weight)
+            else:
+                torch.maximum(self.sums[k], v64, out=self.sums[k])
         self.total += weight
 
     def layout(self) -> list[tuple[str, tuple, torch.dtype]]:
@@ -239,20 +247,25 @@ class Orchestrator:
         layout = next((lay for lay in layouts if lay), [])
         if not layout or total <= 0:
             return {}, gathered
-        device = fabric.device
-        flat = torch.cat([acc.sums[k].flatten() if k in acc.sums else
-                          torch.zeros(math.prod(shape), dtype=torch.float64, device=device)
-                          for k, shape, _ in layout])
-        if fabric.world_size > 1:
-            flat = fabric.all_reduce(flat, reduce_op="sum")
-        flat = flat / total
-        mean, offset = {}, 0
-        for k, shape, dtype in layout:
-            n = math.prod(shape)
-            v = flat[offset:offset + n].view(shape)
-            mean[k] = (v.round() if not dtype.is_floating_point else v).to(dtype)
-            offset += n
-        return mean, gathered
+        mean = {}
+        for floating, op in ((True, "sum"), (False, "max")):  # weighted sums, then integer maxima
+            part = [(k, shape, dtype) for k, shape, dtype in layout if dtype.is_floating_point == floating]
+            if not part:
+                continue
+            empty = 0.0 if floating else -math.inf  # a process without clients contributes nothing
+            flat = torch.cat([acc.sums[k].flatten() if k in acc.sums else
+                              torch.full((math.prod(shape),), empty, dtype=torch.float64, device=fabric.device)
+                              for k, shape, _ in part])
+            if fabric.world_size > 1:
+                flat = fabric.all_reduce(flat, reduce_op=op)
+            if floating:
+                flat = flat / total
+            offset = 0
+            for k, shape, dtype in part:
+                n = math.prod(shape)
+                mean[k] = flat[offset:offset + n].view(shape).to(dtype)
+                offset += n
+        return {k: mean[k] for k, _, _ in layout}, gathered
 
     def _train_metrics(self, results: list[LocalResult]) -> dict[str, float]:
         metrics: dict[str, float] = {}

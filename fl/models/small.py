@@ -26,9 +26,13 @@ def cnn(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
     """Two conv blocks and a hidden layer (the FedAvg-paper CNN, scaled by `model.width`)."""
     c, h, w = input_shape
     width = cfg.width
+
+    def block(cin: int, cout: int) -> list:
+        norm = {"none": [], "batch": [nn.BatchNorm2d(cout)], "group": [nn.GroupNorm(min(8, cout), cout)]}[cfg.norm]
+        return [nn.Conv2d(cin, cout, 3, padding=1), *norm, nn.ReLU(), nn.MaxPool2d(2)]
+
     backbone = nn.Sequential(
-        nn.Conv2d(c, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        *block(c, width), *block(width, 2 * width),
         nn.Flatten(), nn.Linear(2 * width * (h // 4) * (w // 4), 4 * width), nn.ReLU(),
     )
     return BackboneHead(backbone, 4 * width, num_classes)
