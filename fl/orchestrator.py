@@ -6,7 +6,6 @@ uploads with Fabric collectives, run the server step, evaluate, log and checkpoi
 """
 from __future__ import annotations
 
-import json
 import math
 import signal
 from dataclasses import dataclass, field
@@ -85,7 +84,7 @@ class WeightedSum:
 
 class Orchestrator:
     def __init__(self, cfg: DictConfig, fabric: Fabric, data: FederatedData, server: Server, run_dir: Path,
-                 loggers_rewrite: Optional[JsonlLogger] = None):
+                 jsonl: Optional[JsonlLogger] = None):
         self.cfg = cfg
         self.fabric = fabric
         self.run_dir = run_dir
@@ -94,7 +93,7 @@ class Orchestrator:
         self.store = ClientStateStore()
         self.history: list[dict] = []
         self.start_round = 0
-        self.jsonl = loggers_rewrite
+        self.jsonl = jsonl  # rewritten from the checkpoint's history on resume
         self._stop_requested = False
         with fabric.init_module():
             seed_torch(cfg.seed, 0, -1, "init")  # every client and the server start from one model
@@ -377,15 +376,3 @@ def _to_cpu(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_cpu(v) for v in obj)
     return obj
-
-
-def write_partition_info(data: FederatedData, path: Path) -> None:
-    info = {
-        "fingerprint": data.fingerprint(),
-        "num_clients": data.num_clients,
-        "num_classes": data.num_classes,
-        "train_sizes": data.train_sizes(),
-        "test_sizes": data.test_sizes(),
-        "train_label_counts": data.label_counts("train").tolist(),
-    }
-    path.write_text(json.dumps(info))

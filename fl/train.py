@@ -56,10 +56,11 @@ def prepare_run_dir(cfg: DictConfig) -> Path:
 
 
 def log_partition(data, run_dir: Path, wandb_logger) -> None:
-    """Heatmaps as PNG in the run directory; on W&B the same images, a table of client sizes and the
-    partition fingerprint (also recorded in config.yaml and summary.json)."""
-    from fl.data.plots import partition_heatmaps
+    """partition.json and heatmaps (PNG) in the run directory; on W&B the same images, a table of client
+    sizes and the partition fingerprint (also recorded in config.yaml and summary.json)."""
+    from fl.data.plots import partition_heatmaps, write_partition_info
 
+    write_partition_info(data, run_dir / "partition.json")
     paths = partition_heatmaps(data, run_dir)
     if wandb_logger is None:
         return
@@ -103,7 +104,7 @@ def _run(argv: list[str]) -> int:
         return _fail(f"{type(err).__name__}: {str(err).splitlines()[0]}", 2)
 
     from fl.loggers import JsonlLogger, make_wandb_logger
-    from fl.orchestrator import Interrupted, Orchestrator, TrainingFault, write_partition_info
+    from fl.orchestrator import Interrupted, Orchestrator, TrainingFault
     from fl.progress import format_summary
 
     run_dir = prepare_run_dir(cfg)
@@ -123,7 +124,6 @@ def _run(argv: list[str]) -> int:
         orch.restore()
     elif fabric.is_global_zero:
         jsonl.path.write_text("")
-        write_partition_info(data, run_dir / "partition.json")
         log_partition(data, run_dir, wandb_logger)
     try:
         summary = orch.fit()

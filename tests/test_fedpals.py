@@ -1,5 +1,4 @@
 """FedPALS: the QP against the spec's closed forms and anchors, and the method end to end."""
-import itertools
 import math
 
 import numpy as np

@@ -1,6 +1,7 @@
 """Partition heatmaps as PNG, drawn with Pillow (shipped with torchvision): no plotting dependency."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -42,6 +43,19 @@ def heatmap(counts: Tensor, path: Path, title: str, row_name: str = "client",
     path = Path(path)
     img.save(path)
     return path
+
+
+def write_partition_info(data, path: Path) -> None:
+    """partition.json: fingerprint, per-client sizes and the clients x classes label counts."""
+    info = {
+        "fingerprint": data.fingerprint(),
+        "num_clients": data.num_clients,
+        "num_classes": data.num_classes,
+        "train_sizes": data.train_sizes(),
+        "test_sizes": data.test_sizes(),
+        "train_label_counts": data.label_counts("train").tolist(),
+    }
+    Path(path).write_text(json.dumps(info))
 
 
 def partition_heatmaps(data, run_dir: Path) -> list[Path]:

@@ -9,7 +9,6 @@ for each round's set of clients.
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 
 from fl.config import ConfigError, MethodConfig, param
 from fl.methods.fedpals_qp import SOLVERS, ess, fedpals_weights, lambda_for_ess, mismatch
