@@ -107,6 +107,11 @@ class DataConfig:
     target: Any = param(None, help="null, 'partition' (one more partition is the target, FedPALS) or K probabilities")
     target_val_size: int = param(500, ge=1, help="target validation samples (from the official test split) when "
                                  "data.target is a distribution")
+    target_domain: Optional[str] = param(None, help="hold this domain out as the target client (FedPALS' PACS)")
+    target_drop_labels: list = param([], help="labels removed from the target's validation and test data")
+    drop_labels: Optional[list] = param(None, help="per client, labels removed from its data, e.g. [[0], [1], [2]]")
+    client_train_fraction: Optional[list] = param(None, help="per client, share of its training set kept "
+                                                  "(overrides train_fraction)")
     clients_follow_target: bool = param(False, help="redraw every client's data with the target's label mix, "
                                         "keeping n_i (FedPALS' Oracle baseline)")
     client_transform: str = param("none", choices=["none", "feddrm_color", "cifar_s"],

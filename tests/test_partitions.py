@@ -195,3 +195,25 @@ def test_oracle_clients_follow_the_target_and_keep_their_sizes():
         seen |= ids(b.train) | ids(b.test)
     # sizes keep their proportions, scaled down together when the target's classes run short
     assert max(ratios) - min(ratios) < 0.15 and max(ratios) <= 1.0
+
+
+def test_held_out_target_domain_with_dropped_labels_and_a_small_client():
+    """FedPALS' PACS protocol: a held-out target domain, client k loses label k, client 2 keeps 10%."""
+    pool = make_pool(n_per_class=40, domains=3)
+    d = data_cfg(num_clients=3, partition="iid", target_domain="d2", target_drop_labels=[2],
+                 drop_labels=[[0], [1], [2]], client_train_fraction=[1.0, 1.0, 0.1])
+    fd = federate(pool, d, seed=0)
+    for k, c in enumerate(fd.clients):
+        assert k not in c.train.y.tolist() and k not in c.test.y.tolist()
+        assert set(c.train.domain.tolist()) <= {0, 1}  # the target domain never reaches a client
+    full = federate(pool, data_cfg(num_clients=3, partition="iid", target_domain="d2", target_drop_labels=[2],
+                                   drop_labels=[[0], [1], [2]]), seed=0)
+    assert len(fd.clients[2].train) == int(0.1 * len(full.clients[2].train))
+    t = fd.target
+    assert set(t.test.domain.tolist()) == {2} and set(t.val.domain.tolist()) == {0, 1}
+    assert 2 not in t.test.y.tolist() and 2 not in t.val.y.tolist() and float(t.distribution[2]) == 0
+    assert len(t.test) == 9 * (40 + 13)  # every sample of the target domain but label 2, both splits
+    with pytest.raises(ConfigError, match="data.target_domain"):
+        federate(pool, data_cfg(num_clients=3, partition="iid", target_domain="d9"), seed=0)
+    with pytest.raises(ConfigError, match="data.drop_labels"):
+        federate(pool, data_cfg(num_clients=3, partition="iid", drop_labels=[[0]]), seed=0)

@@ -98,6 +98,10 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
         fine = None if fine is None else torch.cat(list(fine))
     elif fine is not None:
         fine = fine[0]
+    domain_target = None
+    if d.target_domain is not None:  # a held-out domain is the target (FedPALS' PACS protocol)
+        source, official, domain_target = _hold_out_target_domain(pool, source, official, d)
+        target_dist = domain_target.distribution.numpy()
     need_official = d.test_split == "official" or d.target is not None
     n = len(source)
     free = np.ones(n, dtype=bool)
@@ -114,7 +118,8 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
         public, free[public_pos] = source.subset(torch.from_numpy(public_pos)), False
 
     target_val = target_taken = None
-    if target_dist is not None:  # validation drawn from the official test split, disjoint from the target test
+    if target_dist is not None and domain_target is None:  # validation from the official test split, disjoint
+        # from the target test
         target_val = proportional_sample(official.y.numpy(), target_dist, _rng(seed, "target"), size=d.target_val_size)
         target_taken = np.zeros(len(official), dtype=bool)
         target_taken[target_val] = True
@@ -127,6 +132,11 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
     domains = None if source.domain is None else source.domain.numpy()[avail]
     num_parts = d.num_clients + (1 if d.target == "partition" else 0)
     parts = [avail[p] for p in partition_positions(labels, domains, d, num_parts, _rng(seed, "partition"))]
+    if d.drop_labels is not None:  # per-client labels removed (FedPALS' PACS: client k loses label k)
+        drops = _per_client(d.drop_labels, d.num_clients, "data.drop_labels")
+        y_all = source.y.numpy()
+        parts = [p[~np.isin(y_all[p], np.atleast_1d(drop))] if i < len(drops) else p
+                 for i, (p, drop) in enumerate(zip(parts, drops + [[]] * (len(parts) - len(drops))))]
     val_split = official
     if d.target == "partition":  # the extra partition is the target; its samples are its validation set
         target_val, val_split = parts.pop(), source
@@ -147,7 +157,9 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
             test = source.subset(torch.from_numpy(test_pos))
         else:
             train_pos, test_pos = part, None
-        train_pos = P.subsample(train_pos, d.train_fraction, scarce_rng, d.max_client_train)
+        fraction = d.train_fraction if d.client_train_fraction is None else float(
+            _per_client(d.client_train_fraction, d.num_clients, "data.client_train_fraction")[cid])
+        train_pos = P.subsample(train_pos, fraction, scarce_rng, d.max_client_train)
         if test_pos is None:  # drawn from the official test split with this client's (domain, label) mix
             want = np.bincount(keys[train_pos], minlength=num_keys).astype(float)
             test_pos = proportional_sample(off_keys, want, test_rng)
@@ -159,8 +171,8 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
 
     if d.client_transform != "none":
         _apply_client_transform(clients, d, seed)
-    target = None
-    if target_dist is not None:
+    target = domain_target
+    if target_dist is not None and target is None:
         allowed = None if target_taken is None else ~target_taken
         test_pos = proportional_sample(official.y.numpy(), target_dist, _rng(seed, "target-test"), allowed)
         target = Target(torch.from_numpy(target_dist), val_split.subset(torch.from_numpy(target_val)),
@@ -173,6 +185,33 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
                          partition=[torch.from_numpy(np.asarray(i, dtype=np.int64)) for i in index_lists],
                          global_test=global_test, public=public, target=target, mean=pool.mean, std=pool.std,
                          class_names=pool.class_names, domain_names=pool.domain_names)
+
+
+def _per_client(values, num_clients: int, key: str) -> list:
+    values = list(values)
+    if len(values) != num_clients:
+        raise ConfigError(f"{key} needs one entry per client ({num_clients}); got {len(values)}")
+    return values
+
+
+def _hold_out_target_domain(pool: Pool, source: Split, official: Optional[Split], d: DictConfig):
+    """Remove `data.target_domain` from the clients' pool. Its samples (both splits), without
+    `data.target_drop_labels`, are the target test set; the source domains' test split, without those
+    labels, is the target validation set; T is the target test's label mix."""
+    if d.target_domain not in pool.domain_names:
+        raise ConfigError(f"data.target_domain={d.target_domain!r} is not a domain of {d.name!r}; choices: "
+                          f"{', '.join(pool.domain_names) or 'none (the dataset has no domains)'}")
+    if official is None or d.target is not None:
+        raise ConfigError("data.target_domain needs a dataset with a test split and data.target=null")
+    dom = pool.domain_names.index(d.target_domain)
+    drop = torch.tensor(list(d.target_drop_labels), dtype=torch.int64)
+    keep = lambda split, mask: split.subset(torch.nonzero(mask & ~torch.isin(split.y, drop)).flatten())  # noqa: E731
+    test = Split.cat([keep(source, source.domain == dom), keep(official, official.domain == dom)])
+    val = keep(official, official.domain != dom)
+    source = source.subset(torch.nonzero(source.domain != dom).flatten())
+    official = official.subset(torch.nonzero(official.domain != dom).flatten())
+    dist = torch.bincount(test.y, minlength=pool.num_classes).double()
+    return source, official, Target(dist / dist.sum(), val, test)
 
 
 def _follow_target(parts: list[np.ndarray], labels: np.ndarray, avail: np.ndarray, target: Optional[np.ndarray],

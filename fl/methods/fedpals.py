@@ -29,9 +29,9 @@ class FedPALSConfig(MethodConfig):
 
 
 def resolve(cfg) -> None:
-    if cfg.data.target is None:
-        raise ConfigError("method.name=fedpals needs a target: set data.target=partition or a list of K "
-                          "probabilities (or include a data block such as data/cifar10_c2_target)")
+    if cfg.data.target is None and cfg.data.target_domain is None:
+        raise ConfigError("method.name=fedpals needs a target: set data.target=partition, a list of K "
+                          "probabilities or data.target_domain (or include a block such as data/cifar10_c2_target)")
     if cfg.method.lam is not None:
         cfg.method.ess_frac = None  # lam wins; keep the resolved config honest
     elif cfg.method.ess_frac is None:
