@@ -68,10 +68,8 @@ class WeightedSum:
         for k, v in params.items():
             v64 = v.to(torch.float64)
             if k not in self.sums:
-                self.sums[k] = torch.zeros_like(v64) if v.is_floating_point() else v64.clone()
+                self.sums[k] = torch.zeros_like(v64) if v.is_floating_point() else torch.full_like(v64, -math.inf)
                 self.dtypes[k] = v.dtype
-                if not v.is_floating_point():
-                    continue
             if v.is_floating_point():
                 self.sums[k].add_(v64, alpha=weight)
             else:
