@@ -11,6 +11,7 @@ out of it. A round for client i is:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -39,14 +40,25 @@ class Upload:
     message: dict[str, Any] = field(default_factory=dict)
 
 
-def build_optimizer(cfg: DictConfig, params) -> torch.optim.Optimizer:
+def round_lr(cfg: DictConfig, round_idx: int) -> float:
+    """The learning rate of a round under `optim.round_schedule` (stepped once per round, not per step)."""
     o = cfg.optim
+    if o.round_schedule == "constant" or round_idx < 0:
+        return float(o.lr)
+    progress = round_idx / max(cfg.trainer.rounds, 1)
+    return float(o.min_lr + (o.lr - o.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def build_optimizer(cfg: DictConfig, params, lr: Optional[float] = None) -> torch.optim.Optimizer:
+    """The configured optimizer over the trainable `params`; `lr` overrides optim.lr (round schedules)."""
+    o = cfg.optim
+    lr = float(o.lr) if lr is None else lr
     params = [p for p in params if p.requires_grad]
     if o.name == "sgd":
-        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay)
     if o.name == "adam":
-        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
-    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+        return torch.optim.Adam(params, lr=lr, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=o.weight_decay)
 
 
 class ClientModule(L.LightningModule):
@@ -63,6 +75,22 @@ class ClientModule(L.LightningModule):
         self.round = -1
         self.num_train = 0
         self._initial_private: dict[str, Tensor] = {}
+        self.data: Optional[FederatedData] = None  # the run's data on the device, set by attach()
+        self._batch_fn = None
+
+    def attach(self, data: FederatedData, batch_fn) -> None:
+        """Called once by the orchestrator: the run's data (on the training device) and its batch builder."""
+        self.data, self._batch_fn = data, batch_fn
+
+    def make_batch(self, split: Split, idx) -> tuple[Tensor, Tensor]:
+        """(x, y) of `split[idx]`, normalised and on the device, as training batches are (no augmentation);
+        e.g. a public set's batches (FedMosaic) or a pass over the local data for statistics (pFedFDA)."""
+        return self._batch_fn(split, idx)
+
+    @property
+    def lr(self) -> float:
+        """This round's learning rate (`optim.round_schedule`)."""
+        return round_lr(self.cfg, self.round)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
@@ -108,7 +136,7 @@ class ClientModule(L.LightningModule):
         return data.clients[cid].train
 
     def configure_optimizers(self):
-        return build_optimizer(self.cfg, self.parameters())
+        return build_optimizer(self.cfg, self.parameters(), self.lr)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int):
         """Return the loss, or a dict with 'loss' and other scalars to log as client/<i>/<name>."""

@@ -46,6 +46,8 @@ class TrainerConfig:
     eval_batch_size: int = param(1024, ge=1)
     checkpoint_every: int = param(5, ge=0, help="checkpoint every k rounds; 0 = only at the end")
     last_k: int = param(5, ge=1, help="summary reports the mean over the last K evaluations")
+    evaluators: Optional[list] = param(None, help="extra evaluation metrics to compute (see fl.metrics.evaluators); "
+                                       "null = every evaluator registered as default, [] = none")
 
 
 @dataclass
@@ -54,6 +56,9 @@ class OptimConfig:
     lr: float = param(0.05, gt=0.0)
     momentum: float = param(0.0, ge=0.0, lt=1.0)
     weight_decay: float = param(0.0, ge=0.0)
+    round_schedule: str = param("constant", choices=["constant", "cosine"],
+                                help="learning rate per round: cosine = min_lr + (lr - min_lr)(1 + cos(pi r / R)) / 2")
+    min_lr: float = param(0.0, ge=0.0, help="cosine schedule: the learning rate it decays to")
 
 
 @dataclass
@@ -116,6 +121,8 @@ class DataConfig:
                                         "keeping n_i (FedPALS' Oracle baseline)")
     client_transform: str = param("none", choices=["none", "feddrm_color", "cifar_s"],
                                   help="per-client covariate shift applied to each client's train and test data")
+    augment: list = param([], help="training-time augmentation, applied per sample on the device in this order: "
+                          "flip, crop (pad 4), resized_crop (scale 0.9-1), rotate (+-30 degrees)")
     partition_seed: Optional[int] = param(None, help="seed of the split; defaults to the run seed")
     # embedded, procedurally generated image dataset
     num_classes: int = param(10, ge=2)
@@ -308,6 +315,15 @@ def validate(cfg: DictConfig) -> None:
         METHODS[cfg.method.name].resolve(cfg)
     if cfg.data.name not in DATASETS:
         raise ConfigError(_choices_msg("data.name", cfg.data.name, DATASETS))
+    from fl.data.augment import AUGMENTATIONS
+    from fl.metrics.evaluators import EVALUATORS
+
+    for name in cfg.data.augment:
+        if name not in AUGMENTATIONS:
+            raise ConfigError(_choices_msg("data.augment", name, AUGMENTATIONS))
+    for name in cfg.trainer.evaluators or []:
+        if name not in EVALUATORS:
+            raise ConfigError(_choices_msg("trainer.evaluators", name, EVALUATORS))
     if cfg.model.name not in MODELS:
         raise ConfigError(_choices_msg("model.name", cfg.model.name, MODELS))
     if cfg.trainer.local_steps is None and cfg.trainer.local_epochs is None:

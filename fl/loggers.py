@@ -76,3 +76,15 @@ def make_wandb_logger(cfg: DictConfig, run_dir: Path, run_name: str):
     if rank_zero_only.rank == 0 and run_id is None:
         id_file.write_text(logger.experiment.id)
     return logger
+
+
+def log_histogram(loggers, key: str, values, step: int) -> None:
+    """A distribution (e.g. pFedFDA's beta_i over clients) as a W&B histogram; metrics.jsonl keeps the
+    per-client scalars instead. Only the W&B logger on rank zero writes."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    for logger in loggers:
+        if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0:
+            import wandb
+
+            logger.experiment.log({key: wandb.Histogram([float(v) for v in values]), "trainer/global_step": step})

@@ -20,8 +20,10 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from fl.client import ClientModule, Upload
 from fl.data import FederatedData, Split, batch_indices
-from fl.loggers import JsonlLogger
+from fl.data.augment import augment
+from fl.loggers import JsonlLogger, log_histogram
 from fl.metrics import ClientAccuracy, summarize_clients, summarize_history
+from fl.metrics.evaluators import EVALUATORS, enabled_evaluators
 from fl.registry import METHODS
 from fl.seeding import derive_seed, generator, seed_torch
 from fl.server import Server
@@ -53,6 +55,8 @@ class LocalResult:
     message: dict[str, Any]
     logs: dict[str, float]
     fault: Optional[str] = None
+    bytes_up: int = 0  # tensors and arrays sent to the server (parameters and message)
+    bytes_down: int = 0  # tensors and arrays of the server's broadcast to this client
 
 
 @dataclass
@@ -93,6 +97,7 @@ class Orchestrator:
         self.start_round = 0
         self.jsonl = jsonl  # rewritten from the checkpoint's history on resume
         self._stop_requested = False
+        self._last_broadcast_bytes = 0
         with fabric.init_module():
             seed_torch(cfg.seed, 0, -1, "init")  # every client and the server start from one model
             self.module: ClientModule = self.spec.client_cls(cfg, data)
@@ -100,6 +105,7 @@ class Orchestrator:
         self.dtype = next(self.module.parameters()).dtype
         self.data = data.to(fabric.device if cfg.data.on_device else "cpu", self.dtype)
         self.module.fabric = fabric  # LightningModule's Fabric integration: manual_backward, optimizers()
+        self.module.attach(self.data, self._batch)
         self.module.snapshot_initial_state()
         server.setup(self.module, self.data)
         self.ckpt_path = run_dir / "checkpoints" / "last.ckpt"
@@ -146,6 +152,7 @@ class Orchestrator:
         results = []
         for cid in selected[fabric.global_rank::fabric.world_size]:
             upload, result = self.train_client(rnd, cid)
+            result.bytes_up = payload_bytes(upload.params) + payload_bytes(upload.message)
             acc.add(upload.params, server.weight(cid, upload))
             results.append(result)
             if self._stop_requested:  # abandon the round: store and server still hold round rnd-1
@@ -161,8 +168,13 @@ class Orchestrator:
         fabric.call("server_step", self, rnd, mean, {r.cid: r.message for r in results})
 
         metrics = self._train_metrics(results)
+        metrics["comm/bytes_up"] = float(sum(r.bytes_up for r in results))
+        metrics["comm/bytes_down"] = float(sum(r.bytes_down for r in results))
         if (rnd + 1) % cfg.trainer.eval_every == 0 or rnd == cfg.trainer.rounds - 1:
             metrics.update(self.evaluate(rnd))
+            for name in enabled_evaluators(cfg.trainer.evaluators):
+                metrics.update(EVALUATORS[name](self, rnd))
+            fabric.call("on_evaluate", self, rnd, metrics)
         fabric.call("on_round_end", self, rnd, metrics)
         return {k: float(v) for k, v in metrics.items()}  # plain floats: JSON, W&B and checkpoints alike
 
@@ -171,7 +183,9 @@ class Orchestrator:
         """Swap client `cid` into the module: the server's broadcast, then the client's own state."""
         m = self.module
         m.cid, m.round = cid, rnd
-        m.receive(self.server.broadcast(cid))
+        payload = self.server.broadcast(cid)
+        self._last_broadcast_bytes = payload_bytes(payload)
+        m.receive(payload)
         m.load_client_state(self.store.get(cid) if cid >= 0 else None)
         return m
 
@@ -189,7 +203,9 @@ class Orchestrator:
         new_state = m.client_state()
         if m.keep_optimizer_state:
             new_state["optimizer"] = _to_cpu(optimizer.state_dict())
-        return upload, LocalResult(cid, new_state, _to_cpu(upload.message), logs, fault)
+        result = LocalResult(cid, new_state, _to_cpu(upload.message), logs, fault,
+                             bytes_down=self._last_broadcast_bytes)
+        return upload, result
 
     def fit_local(self, rnd: int, cid: int, optimizer, *, epochs: Optional[int] = None,
                   steps: Optional[int] = None, purpose: str = "train") -> dict[str, float]:
@@ -200,6 +216,7 @@ class Orchestrator:
         m._fabric_optimizers = [optimizer]
         seed_torch(self.cfg.seed, rnd, cid, purpose)
         gen = generator(self.cfg.seed, rnd, cid, purpose)
+        aug = generator(self.cfg.seed, rnd, cid, purpose + "/augment") if self.cfg.data.augment else None
         m.train()
         m.on_local_train_start()
         sums: dict[str, torch.Tensor] = {}
@@ -210,7 +227,7 @@ class Orchestrator:
                 m.on_local_epoch_end(epoch)
                 continue
             with fabric.autocast():
-                out = m.training_step(self._batch(train, idx.to(train.y.device, non_blocking=True)), n_steps)
+                out = m.training_step(self._batch(train, idx.to(train.y.device, non_blocking=True), aug), n_steps)
             out = out if isinstance(out, dict) else {"loss": out}
             if m.automatic_optimization:
                 optimizer.zero_grad(set_to_none=True)
@@ -223,10 +240,13 @@ class Orchestrator:
         m.on_local_train_end()
         return {k: float(v) / max(n_steps, 1) for k, v in sums.items()}
 
-    def _batch(self, split: Split, idx) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gather a batch from the client's tensors, normalise it, and put it on the device."""
+    def _batch(self, split: Split, idx, aug_gen: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather a batch from the client's tensors, augment it (training, `data.augment`), normalise it,
+        and put it on the device."""
         device = self.fabric.device
         x, y = split.x[idx].to(device, non_blocking=True), split.y[idx].to(device, non_blocking=True)
+        if aug_gen is not None:
+            x = augment(x, self.cfg.data.augment, aug_gen)
         return self.data.prepare(x, self.dtype), y
 
     def _exchange(self, acc: WeightedSum, results: list[LocalResult]):
@@ -308,6 +328,10 @@ class Orchestrator:
                 metrics.update(self._target_metrics())
         return metrics
 
+    def log_histogram(self, key: str, values, rnd: int) -> None:
+        """A per-round distribution for the dashboards (W&B only; scalars go through the metrics dict)."""
+        log_histogram(self.fabric.loggers, key, values, rnd)
+
     def _target_metrics(self) -> dict[str, float]:
         """The global model on the target client's validation and test data (FedPALS' protocol); every
         process scores the whole (small) sets, so no collective is needed. Macro-F1 averages over the
@@ -359,6 +383,19 @@ class Orchestrator:
         from fl.progress import RoundProgress
 
         return RoundProgress(rounds, self.start_round)
+
+
+def payload_bytes(obj: Any) -> int:
+    """Bytes of the tensors and arrays in a (nested) payload, as they would travel."""
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(payload_bytes(v) for v in obj)
+    return 0
 
 
 def _finite(params: dict[str, torch.Tensor]) -> bool:

@@ -20,6 +20,8 @@ class Server:
     weight(cid, upload)               raw aggregation weight of an upload (default: n_i)
     server_step(orch, round, mean, messages)   [fabric.call] mean = weighted mean of the uploaded
                                       params over all clients of the round; messages = {cid: message}
+    on_evaluate(orch, round, metrics)   [fabric.call, evaluation rounds only, after the per-client
+                                      accuracies and the evaluators] callbacks may add eval metrics
     on_round_end(orch, round, metrics)  [fabric.call] callbacks may add diagnostics to `metrics`
     """
 

@@ -14,7 +14,8 @@ How it maps onto this framework:
   (`client_state()["c_i"]`, CPU); a client that was never sampled has c_i = 0.
 - The correction uses manual optimization: backward of the client loss, then (c - c_i) is added to the
   .grad of every controlled parameter before `opt.step()`. K is the number of steps actually taken
-  (`trainer.local_steps`, or the batches of `trainer.local_epochs` passes) and lr is `optim.lr`.
+  (`trainer.local_steps`, or the batches of `trainer.local_epochs` passes) and lr is the round's learning
+  rate (`optim.lr`, or its `optim.round_schedule` value).
   Option II assumes plain SGD; with momentum or Adam the same correction is added to the gradient and
   the c_i update still uses (x - y) / (K * lr), as common implementations do. Under fp16 loss scaling
   (`fabric.precision=16-mixed`) the correction is scaled like the gradients, and steps the scaler skips
@@ -133,7 +134,7 @@ class ScaffoldClient(ClientModule):
     def on_local_train_end(self) -> None:
         if self._steps == 0:  # no step taken: c_i stays, nothing to add to c
             return
-        scale = 1.0 / (self._steps * float(self.cfg.optim.lr))
+        scale = 1.0 / (self._steps * self.lr)
         with torch.no_grad():
             new = {k: self.c_i[k] - self.c[k].to(p.device, p.dtype) + (self._x[k] - p.detach()) * scale
                    for k, p in self._controlled()}  # option II
