@@ -22,6 +22,17 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def _twin_hint(argv: list[str]) -> str:
+    """Paper configs come with a synthetic twin (the same protocol on embedded data): name it when the
+    real data is missing."""
+    from fl.config import CONF_DIR
+
+    conf = next((a.split("=", 1)[1] for a in argv if a.startswith("conf=")), None)
+    if conf and "/" not in conf and (CONF_DIR / f"{conf}_synthetic.yaml").is_file():
+        return f"; to try the same protocol on embedded data: python -m fl.train conf={conf}_synthetic"
+    return ""
+
+
 def make_fabric(cfg: DictConfig, callbacks: list, loggers: list):
     from lightning.fabric import Fabric
 
@@ -99,7 +110,9 @@ def _run(argv: list[str]) -> int:
             raise ConfigError(f"fabric.accelerator={f.accelerator!r} fabric.devices={f.devices!r} "
                               f"fabric.strategy={f.strategy!r} rejected: {str(err).splitlines()[0]}") from None
     except ConfigError as err:
-        return _fail(str(err), 2)
+        from fl.data import DataError
+
+        return _fail(str(err) + (_twin_hint(argv) if isinstance(err, DataError) else ""), 2)
     except (ValueError, RuntimeError, FileNotFoundError) as err:
         return _fail(f"{type(err).__name__}: {str(err).splitlines()[0]}", 2)
 

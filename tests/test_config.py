@@ -75,3 +75,20 @@ def test_sweep_files_name_real_keys():
         for key, spec in sweep["parameters"].items():
             value = spec["values"][0] if "values" in spec else spec["min"]
             load_config([f"conf={conf}", f"{key}={value}"])
+
+
+def test_missing_real_data_names_the_synthetic_twin(out, capsys):
+    """A paper config without its dataset on disk fails in one line that names the data path and the twin."""
+    assert main(["conf=fedpals_cifar10_c2", f"data.root={out / 'empty'}", f"logger.output_dir={out / 'outputs'}",
+                 "logger.wandb.mode=disabled"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "cifar-10-batches-py" in lines[0], lines
+    assert lines[0].endswith("python -m fl.train conf=fedpals_cifar10_c2_synthetic"), lines[0]
+    assert not (out / "outputs").exists()
+
+
+def test_unknown_augmentation_and_evaluator_are_config_errors():
+    with pytest.raises(ConfigError, match="data.augment='flipp'.*did you mean 'flip'"):
+        load_config(["data.augment=[flipp]"])
+    with pytest.raises(ConfigError, match="trainer.evaluators='nope'"):
+        load_config(["trainer.evaluators=[nope]"])

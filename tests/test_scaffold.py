@@ -46,7 +46,11 @@ def test_round_0_equals_fedavg_exactly(out):
     assert set(server) == {"global_params", "control"}  # x is stored under the base class's key
     gs = server["global_params"]
     assert ga.keys() == gs.keys() and all(torch.equal(ga[k], gs[k]) for k in ga)
-    assert read_metrics(avg) == read_metrics(sca)
+    no_comm = lambda rows: [{k: v for k, v in r.items() if not k.startswith("comm/")} for r in rows]  # noqa: E731
+    assert no_comm(read_metrics(avg)) == no_comm(read_metrics(sca))
+    (ra,), (rs,) = read_metrics(avg), read_metrics(sca)
+    # SCAFFOLD moves twice FedAvg's bytes each way: (x, c) down, (y, delta c_i) up (no integer buffers here)
+    assert rs["comm/bytes_down"] == 2 * ra["comm/bytes_down"] and rs["comm/bytes_up"] == 2 * ra["comm/bytes_up"]
     # every trainable parameter has a control variate, and it moved away from zero
     assert server["control"].keys() == {k for k, v in gs.items() if v.is_floating_point()}
     assert any(v.abs().sum() > 0 for v in server["control"].values())

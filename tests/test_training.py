@@ -59,6 +59,10 @@ def test_fedavg_equals_a_hand_written_loop(out):
     assert got.keys() == {f"model.{k}" for k in state}
     for k, v in state.items():
         torch.testing.assert_close(got[f"model.{k}"], v, rtol=0, atol=1e-6)
+    model_bytes = sum(v.numel() * v.element_size() for v in state.values())  # each way, per client
+    for rnd, row in enumerate(read_metrics(out / "outputs" / "fw")):
+        sent = len(sample_clients(cfg.seed, rnd, data.num_clients, cfg.trainer.participation)) * model_bytes
+        assert row["comm/bytes_up"] == row["comm/bytes_down"] == sent
 
 
 def test_fedprox_with_mu_zero_equals_fedavg(out):
@@ -94,6 +98,7 @@ def test_local_never_communicates_and_centralized_trains_on_pooled_data(out):
     a, b = (states[c]["private"]["model.head.weight"] for c in list(states)[:2])
     assert not torch.equal(a, b)  # each client has its own model
     assert "test/acc_global" not in read_metrics(loc)[-1]
+    assert all(r["comm/bytes_up"] == r["comm/bytes_down"] == 0 for r in read_metrics(loc))
     cen = read_metrics(run(out, "method.name=centralized", name="cen"))
     assert all(r["train/clients"] == 1.0 for r in cen) and "test/acc_global" in cen[-1]
 

@@ -1,4 +1,6 @@
 """Closed-form checks of the small pieces: batching, sampling, partitions, aggregation, summaries."""
+import math
+
 import pytest
 import torch
 
@@ -71,3 +73,33 @@ def test_history_summary_final_best_last_k():
     assert s["final"] == {"test/acc": 0.5, "train/loss": 1.5}
     assert s["best"] == {"test/acc": 0.6, "train/loss": 1.0} and s["best_round"]["test/acc"] == 1
     assert s["mean_last_2"]["test/acc"] == pytest.approx(0.55)
+
+
+def test_round_cosine_schedule_matches_the_formula():
+    """eta_t = min_lr + (lr - min_lr)(1 + cos(pi t / R)) / 2, stepped once per round (FedDRM's schedule)."""
+    from fl.client import round_lr
+    from fl.config import load_config
+
+    cfg = load_config(["optim.lr=0.01", "optim.round_schedule=cosine", "trainer.rounds=800"])
+    assert round_lr(cfg, 0) == pytest.approx(0.01)
+    assert round_lr(cfg, 400) == pytest.approx(0.005)
+    assert round_lr(cfg, 100) == pytest.approx(0.005 * (1 + math.cos(math.pi / 8)))
+    cfg.optim.round_schedule = "constant"
+    assert round_lr(cfg, 400) == 0.01
+
+
+def test_augmentations_are_seeded_and_keep_shapes():
+    from fl.data.augment import augment
+    from fl.seeding import generator
+
+    x = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8)
+    names = ["flip", "crop", "resized_crop", "rotate"]
+    a = augment(x, names, generator(0, 1, 2, "train/augment"))
+    b = augment(x, names, generator(0, 1, 2, "train/augment"))
+    c = augment(x, names, generator(0, 1, 3, "train/augment"))
+    assert a.shape == x.shape and a.dtype == x.dtype
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    flipped = augment(x, ["flip"], generator(0, 0, 0, "f"))  # each image is itself or its mirror
+    assert all(torch.equal(f, i) or torch.equal(f, i.flip(-1)) for f, i in zip(flipped, x))
+    with pytest.raises(ValueError, match="image batches"):
+        augment(torch.zeros(4, 10), ["flip"], generator(0, 0, 0, "f"))
