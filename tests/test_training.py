@@ -223,3 +223,9 @@ def test_optimizer_state_is_kept_per_client_and_local_steps_count_steps(out):
     # round 0 is identical (no stored state yet); from round 1 on the restored momentum changes training
     a, b = read_metrics(kept), read_metrics(fresh)
     assert a[0]["train/loss"] == b[0]["train/loss"] and a[1]["train/loss"] != b[1]["train/loss"]
+
+
+def test_a_single_client_federation_runs_and_equals_its_own_accuracy(out):
+    """m = 1 (torchmetrics squeezes 1-element results; evaluation must still index clients)."""
+    row = read_metrics(run(out, "data.num_clients=1", "trainer.rounds=1", "method.name=fedper", name="one"))[-1]
+    assert row["client/0/acc"] == row["test/acc_mean_clients"] == row["test/acc_micro"]
