@@ -5,7 +5,8 @@
 
 Each run is a normal `python -m fl.train` run (W&B disabled) under outputs/compare/<conf>/; the table
 reports the final value and, when the run has a target validation set, the value at the best
-validation round (the paper's model selection).
+validation round (the paper's model selection). A metric a method does not report (e.g. routing
+accuracy for a method without a router) is left out of that method's rows.
 """
 from __future__ import annotations
 
@@ -38,8 +39,9 @@ def main(argv: list[str]) -> None:
     for metric in metrics:
         for method in methods:
             runs = [s for m, _, s in rows if m == method]
-            for label, values in (("final", [s["final"][metric] for s in runs]),
-                                  ("at best val", [s["at_best_val"][metric] for s in runs if "at_best_val" in s])):
+            for label, values in (("final", [s["final"][metric] for s in runs if metric in s["final"]]),
+                                  ("at best val", [s["at_best_val"][metric] for s in runs
+                                                   if metric in s.get("at_best_val", {})])):
                 if values:
                     sd = statistics.stdev(values) if len(values) > 1 else 0.0
                     print(f"  {metric:<24} {method:<10} {label:<12} {statistics.mean(values):.4f} ± {sd:.4f}  "

@@ -159,3 +159,9 @@ class ClientModule(L.LightningModule):
     def predict(self, x: Tensor) -> Tensor:
         """Logits of the client's model (the global model when cid == -1)."""
         return self(x)
+
+    def route_scores(self, x: Tensor) -> Optional[Tensor]:
+        """A router's scores [B, num_clients]: a query goes to the argmax client, whose model then predicts
+        (fl/metrics/system.py). Computed from the server's model (cid == -1). None (the default) = no
+        router; system accuracy is then the majority vote of all client models."""
+        return None

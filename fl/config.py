@@ -48,6 +48,10 @@ class TrainerConfig:
     last_k: int = param(5, ge=1, help="summary reports the mean over the last K evaluations")
     evaluators: Optional[list] = param(None, help="extra evaluation metrics to compute (see fl.metrics.evaluators); "
                                        "null = every evaluator registered as default, [] = none")
+    adaptability_every: int = param(5, ge=1, help="local-model adaptability risk and KL(P||Q) diagnostics "
+                                    "(fl/metrics/adaptability.py) on evaluation rounds every k rounds and the last")
+    kl_tau: float = param(1.0 - 1e-5, gt=0.0, lt=1.0, help="diagonal tau of the template Q in the KL(P||Q) "
+                          "diagnostic (FedACD's Eq. 10)")
 
 
 @dataclass
@@ -139,6 +143,11 @@ class ModelConfig:
     name: str = param("cnn", help="model name (see fl.models registry)")
     width: int = param(32, ge=1, help="channels of the first conv / hidden units")
     norm: str = param("none", choices=["none", "batch", "group"], help="cnn: normalisation after each conv")
+    groups: int = param(0, ge=0, help="resnet18 with norm=group: GroupNorm groups per layer; 0 = channels // 32 "
+                        "(groups of 32 channels, pFedFDA's ResNet-18-GN)")
+    stem: str = param("auto", choices=["auto", "cifar", "imagenet"],
+                      help="resnet18 stem: cifar = 3x3 conv, no max-pool; imagenet = 7x7/2 conv + 3x3/2 max-pool; "
+                      "auto = cifar for inputs up to 32 px, imagenet above (pFedFDA's TinyImageNet ResNet)")
 
 
 @dataclass

@@ -23,7 +23,7 @@ from fl.data import FederatedData, Split, batch_indices
 from fl.data.augment import augment
 from fl.loggers import JsonlLogger, log_histogram
 from fl.metrics import ClientAccuracy, summarize_clients, summarize_history
-from fl.metrics.evaluators import EVALUATORS, enabled_evaluators
+from fl.metrics.evaluators import EVALUATORS, LOCAL_HOOKS, enabled_evaluators
 from fl.registry import METHODS
 from fl.seeding import derive_seed, generator, seed_torch
 from fl.server import Server
@@ -195,9 +195,14 @@ class Orchestrator:
         optimizer = self.fabric.setup_optimizers(m.configure_optimizers())
         if m.keep_optimizer_state and state is not None and "optimizer" in state:
             optimizer.load_state_dict(state["optimizer"])
+            for group in optimizer.param_groups:  # the stored lr is last round's; the schedule sets this one's
+                group["lr"] = m.lr
         t = self.cfg.trainer
         logs = self.fit_local(rnd, cid, optimizer, epochs=t.local_epochs, steps=t.local_steps)
         upload = m.upload()
+        for name in enabled_evaluators(self.cfg.trainer.evaluators):  # evaluators that score local models
+            if name in LOCAL_HOOKS:
+                LOCAL_HOOKS[name](self, rnd, cid, m)
         fault = None if math.isfinite(logs.get("loss", 0.0)) and _finite(upload.params) else (
             f"non-finite loss or parameters in method '{self.cfg.method.name}', client {cid}, round {rnd}")
         new_state = m.client_state()
@@ -314,7 +319,7 @@ class Orchestrator:
             m.personalize(self, cid)
             for preds, y in self._predict(self.data.clients[cid].test):
                 per_client.update(preds, y, cid)
-        correct, total = per_client.compute()
+        correct, total = (t.reshape(-1) for t in per_client.compute())  # torchmetrics squeezes 1-element results
         metrics = summarize_clients(correct, total, self.data.train_sizes())
         acc = (correct / total.clamp_min(1)).tolist()
         metrics.update({f"client/{i}/acc": a for i, a in enumerate(acc)})

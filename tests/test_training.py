@@ -225,6 +225,19 @@ def test_optimizer_state_is_kept_per_client_and_local_steps_count_steps(out):
     assert a[0]["train/loss"] == b[0]["train/loss"] and a[1]["train/loss"] != b[1]["train/loss"]
 
 
+def test_kept_optimizer_state_follows_the_round_schedule(out):
+    """A restored optimizer state carries last round's lr; the round's scheduled lr must replace it."""
+    from fl.client import round_lr
+
+    extra = ("optim.round_schedule=cosine", "trainer.local_steps=2", "trainer.participation=1.0")
+    kept = run(out, "method.name=test_keep_momentum", "optim.momentum=0.9", *extra, name="cos")
+    cfg = load_config(tiny(out, *extra))
+    states = torch.load(kept / "checkpoints" / "last.ckpt")["clients"]
+    last = round_lr(cfg, cfg.trainer.rounds - 1)
+    assert last < cfg.optim.lr
+    assert all(g["lr"] == last for s in states.values() for g in s["optimizer"]["param_groups"])
+
+
 def test_a_single_client_federation_runs_and_equals_its_own_accuracy(out):
     """m = 1 (torchmetrics squeezes 1-element results; evaluation must still index clients)."""
     row = read_metrics(run(out, "data.num_clients=1", "trainer.rounds=1", "method.name=fedper", name="one"))[-1]

@@ -5,12 +5,13 @@ import math
 
 
 def higher_is_better(key: str) -> bool:
-    return "loss" not in key and "std" not in key
+    return not any(word in key for word in ("loss", "std", "adaptability", "kl_"))  # risks and KL: lower is better
 
 
 def summarize_history(history: list[dict], last_k: int) -> dict:
     """For each metric that was logged on evaluation rounds: its final value, best value (and round),
-    and mean over the last K evaluations. Per-client keys (client/<i>/...) are left to metrics.jsonl."""
+    and mean and std (population, ddof = 0) over the last K evaluations, FedDRM's "mean ± std over the
+    last 50 rounds". Per-client keys (client/<i>/...) are left to metrics.jsonl."""
     series: dict[str, list[tuple[int, float]]] = {}
     for row in history:
         for key, value in row.items():
@@ -19,7 +20,7 @@ def summarize_history(history: list[dict], last_k: int) -> dict:
             if isinstance(value, float) and math.isnan(value):
                 continue
             series.setdefault(key, []).append((row["round"], float(value)))
-    final, best, best_round, last = {}, {}, {}, {}
+    final, best, best_round, last, spread = {}, {}, {}, {}, {}
     for key, points in series.items():
         final[key] = points[-1][1]
         values = [v for _, v in points]
@@ -27,7 +28,9 @@ def summarize_history(history: list[dict], last_k: int) -> dict:
         best[key], best_round[key] = v, points[values.index(v)][0]
         tail = values[-last_k:]
         last[key] = sum(tail) / len(tail)
-    out = {"final": final, "best": best, "best_round": best_round, f"mean_last_{last_k}": last, "last_k": last_k}
+        spread[key] = math.sqrt(sum((v - last[key]) ** 2 for v in tail) / len(tail))
+    out = {"final": final, "best": best, "best_round": best_round, f"mean_last_{last_k}": last,
+           f"std_last_{last_k}": spread, "last_k": last_k}
     if "val/target_acc" in series:  # model selection on the target validation set (FedPALS)
         round_ = best_round["val/target_acc"]
         row = next(r for r in history if r["round"] == round_)
