@@ -1,0 +1,232 @@
+"""pFedFDA (McLaughlin & Su, NeurIPS 2024): personalized FL via feature distribution adaptation.
+
+A shared backbone phi and a generative head: class-conditional Gaussians N(mu_c, Sigma) with one tied
+covariance, turned into a linear (LDA) layer by Bayes' rule (fl/methods/pfedfda_stats.py). Each round a
+client trains phi through a frozen head built from the global statistics (mu_g, Sigma_g) and its local
+priors, estimates local statistics from the features it saw while training, picks beta_i by k-fold
+cross-validation and uploads phi_i with the interpolated statistics beta_i local + (1 - beta_i) global. The
+server averages all three weighted by n_i. At evaluation each client re-estimates its statistics with the
+global backbone, re-solves beta_i and classifies with its own LDA head (no gradient step), so clients that
+never trained are personalised the same way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fl.client import ClientModule, Upload
+from fl.config import MethodConfig, param
+from fl.methods.pfedfda_stats import estimate, interpolate, lda_head, priors, solve_beta
+from fl.registry import register_method
+from fl.seeding import generator
+from fl.server import Server
+
+
+@dataclass
+class PFedFDAConfig(MethodConfig):
+    name: str = "pfedfda"
+    beta_mode: str = param("single", choices=["single", "separate", "local_only"],
+                           search={"values": ["single", "separate", "local_only"]},
+                           help="single: one beta_i for means and covariance (SB, the paper's main results); "
+                           "separate: beta for means and for covariance (MB); local_only: beta_i = 1 (NB)")
+    cv_folds: int = param(2, ge=2, help="k of the k-fold cross-validation that picks beta_i")
+    beta_init: float = param(0.5, ge=0.0, le=1.0, help="L-BFGS starting point and a new client's beta")
+    beta_max_iter: int = param(10, ge=1, help="L-BFGS iterations of the beta search")
+    beta_gtol: float = param(1e-3, gt=0.0, help="L-BFGS gradient tolerance")
+    cov_reg: str = param("code", choices=["code", "paper"],
+                         help="covariance regularisation: code = +1e-4 on every entry and +I (official code); "
+                         "paper = +1e-4 I; both then take the nearest PD matrix with the same variances")
+    cov_eps: float = param(1e-4, gt=0.0, help="epsilon of the covariance regularisation")
+    shrink_eps: float = param(1e-4, ge=0.0, lt=1.0, help="solve-time shrinkage (1-e) Sigma + e tr(Sigma)/d I")
+    feature_bank: str = param("all_epochs", choices=["all_epochs", "last_epoch", "fresh_pass"],
+                              help="features for the local statistics: every batch of every local epoch (code), "
+                              "the last epoch's, or one no-grad pass with the trained backbone")
+    eval_min_count: int = param(2, ge=0, help="at evaluation, classes with at most this many samples use the "
+                                "global mean")
+    full_last_round: bool = param(True, help="every client takes part in the last round")
+
+
+def _log_prior(module: "PFedFDAClient", cid: int) -> Tensor:
+    if cid < 0:  # the global model: uniform priors
+        return torch.full((module.num_classes,), -np.log(module.num_classes), dtype=torch.float64)
+    return priors(module.train_split(module.data, cid).y, module.num_classes).log()
+
+
+class PFedFDAClient(ClientModule):
+    def __init__(self, cfg, data):
+        super().__init__(cfg, data)
+        self.model.head.requires_grad_(False)  # the head is LDA(mu, Sigma, pi), never a trained layer
+        self.glob: Optional[tuple[Tensor, Tensor]] = None
+        self.beta = (float(self.hp.beta_init),) * 2
+        self.bank: list[tuple[Tensor, Tensor]] = []
+        self.last_pass: list[tuple[Tensor, Tensor]] = []
+        self.result: dict[str, Any] = {}
+        self.eval_betas: dict[int, tuple[float, float]] = {}
+
+    @property
+    def dev(self) -> torch.device:
+        """Where the parameters live (Fabric's init_module creates them there without updating `.device`)."""
+        return self.model.head.weight.device
+
+    def is_private(self, key: str) -> bool:
+        return key.startswith("model.head.")  # rebuilt from statistics before every use; never averaged
+
+    # ---- communication and state ----------------------------------------------------------------
+    def receive(self, payload: dict[str, Any]) -> None:
+        super().receive(payload)
+        self.glob = (payload["mu"].to(self.dev, torch.float64), payload["cov"].to(self.dev, torch.float64))
+
+    def client_state(self) -> dict[str, Any]:
+        return {"beta": torch.tensor(self.beta, dtype=torch.float64)}
+
+    def load_client_state(self, state: Optional[dict[str, Any]]) -> None:
+        self.beta = tuple(state["beta"].tolist()) if state is not None else (float(self.hp.beta_init),) * 2
+        # a usable head at once: global statistics with this client's priors (uniform for the global model, cid -1)
+        self.set_head(*self.glob, _log_prior(self, self.cid))
+
+    def upload(self) -> Upload:
+        shared = {k: v.detach() for k, v in self.shared_state().items()}
+        return Upload(params=shared, weight=float(self.num_train), message=self.result)
+
+    @torch.no_grad()
+    def set_head(self, mu: Tensor, cov: Tensor, log_prior: Tensor) -> None:
+        W, b = lda_head(mu, cov, log_prior.to(mu.device), self.hp.shrink_eps)
+        head = self.model.head
+        head.weight.copy_(W.to(head.weight.dtype))
+        head.bias.copy_(b.to(head.bias.dtype))
+
+    # ---- local training: the backbone learns through a frozen head of global statistics ------------
+    def on_local_train_start(self) -> None:
+        self.log_prior = _log_prior(self, self.cid).to(self.dev)
+        self.set_head(*self.glob, self.log_prior)  # built once per round (spec §2.3)
+        self.bank, self.last_pass = [], []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        z = self.model.backbone(x)
+        loss = F.cross_entropy(self.model.head(z), y)
+        if self.hp.feature_bank != "fresh_pass":
+            self.bank.append((z.detach(), y))
+        return loss
+
+    def on_local_epoch_end(self, epoch: int) -> None:
+        if self.hp.feature_bank == "last_epoch":  # keep only the latest complete pass
+            self.last_pass, self.bank = self.bank, []
+
+    def on_local_train_end(self) -> None:
+        z, y = self._bank_or_pass()
+        gen = generator(self.cfg.seed, self.round, self.cid, "pfedfda/cv")
+        r = solve_beta(z, y, self.glob, self.log_prior, mode=self.hp.beta_mode, k=self.hp.cv_folds,
+                       cov_reg=self.hp.cov_reg, shrink_eps=self.hp.shrink_eps, max_iter=self.hp.beta_max_iter,
+                       gtol=self.hp.beta_gtol, gen=gen, prev=self.beta, init=self.hp.beta_init)
+        self.beta = (r.beta_mu, r.beta_cov)
+        local = estimate(z, y, self.glob[0], self.hp.cov_reg)
+        mu, cov = interpolate(r.beta_mu, r.beta_cov, local, self.glob)
+        self.result = {"mu": mu, "cov": cov, "n": float(self.num_train), "beta": r.beta_mu, "beta_cov": r.beta_cov,
+                       "fallback": float(r.fallback)}
+        self.bank, self.last_pass = [], []
+
+    def _bank_or_pass(self) -> tuple[Tensor, Tensor]:
+        bank = self.bank or self.last_pass  # last_epoch: a partial pass (local_steps) counts if there is one
+        if self.hp.feature_bank == "fresh_pass" or not bank:
+            return self.features(self.cid)
+        return torch.cat([b[0] for b in bank]).to(torch.float64), torch.cat([b[1] for b in bank])
+
+    @torch.no_grad()
+    def features(self, cid: int) -> tuple[Tensor, Tensor]:
+        """One no-grad pass of the current backbone over the client's training split."""
+        split = self.train_split(self.data, cid)
+        was_training = self.training
+        self.eval()
+        bs = self.cfg.trainer.eval_batch_size
+        zs, ys = [], []
+        for begin in range(0, len(split), bs):
+            x, y = self.make_batch(split, slice(begin, begin + bs))
+            zs.append(self.model.backbone(x).to(torch.float64))
+            ys.append(y)
+        self.train(was_training)
+        return torch.cat(zs), torch.cat(ys)
+
+    # ---- evaluation: Alg. 1 lines 8-11 with the global backbone, no gradient step ----------------------
+    def personalize(self, orch, cid: int) -> None:
+        z, y = self.features(cid)
+        log_prior = _log_prior(self, cid).to(self.dev)
+        gen = generator(self.cfg.seed, self.round, cid, "pfedfda/cv_eval")
+        r = solve_beta(z, y, self.glob, log_prior, mode=self.hp.beta_mode, k=self.hp.cv_folds,
+                       cov_reg=self.hp.cov_reg, shrink_eps=self.hp.shrink_eps, max_iter=self.hp.beta_max_iter,
+                       gtol=self.hp.beta_gtol, gen=gen, prev=self.beta, init=self.hp.beta_init)
+        local = estimate(z, y, self.glob[0], self.hp.cov_reg, min_count=self.hp.eval_min_count)
+        self.set_head(*interpolate(r.beta_mu, r.beta_cov, local, self.glob), log_prior)
+        self.eval_betas[cid] = (r.beta_mu, r.beta_cov)
+
+
+class PFedFDAServer(Server):
+    def setup(self, module: PFedFDAClient, data) -> None:
+        super().setup(module, data)
+        C, d, device = data.num_classes, module.model.feature_dim, module.dev
+        # spec §2.7: mu_g ~ U[0, 1)^{C x d}, Sigma_g = I
+        gen = generator(self.cfg.seed, 0, -1, "pfedfda/init_means")
+        self.mu = torch.rand(C, d, generator=gen, dtype=torch.float64).to(device)
+        self.cov = torch.eye(d, dtype=torch.float64, device=device)
+        self.module = module
+
+    def select(self, round_idx: int, sampled: list[int]) -> list[int]:
+        if self.hp.full_last_round and round_idx == self.cfg.trainer.rounds - 1:
+            return list(range(self.data.num_clients))
+        return sampled
+
+    def broadcast(self, cid: int) -> dict[str, Any]:
+        return {"params": self.global_params, "mu": self.mu, "cov": self.cov}
+
+    def server_step(self, orch, round_idx: int, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
+        super().server_step(orch, round_idx, mean, messages)
+        if not messages:
+            return
+        # sample-weighted mean of the interpolated statistics, summed in client order (1 and 2 processes agree)
+        total = sum(m["n"] for m in messages.values())
+        mu = sum(m["n"] / total * m["mu"].to(self.mu.device) for m in messages.values())
+        cov = sum(m["n"] / total * m["cov"].to(self.cov.device) for m in messages.values())
+        self.mu, self.cov = mu, (cov + cov.T) / 2
+        self.round_betas = {cid: (m["beta"], m["beta_cov"], m["fallback"]) for cid, m in messages.items()}
+
+    def on_round_end(self, orch, round_idx: int, metrics: dict) -> None:
+        betas = getattr(self, "round_betas", {})
+        for cid, (b, bc, fb) in betas.items():
+            metrics[f"client/{cid}/beta"] = b
+            if self.hp.beta_mode == "separate":
+                metrics[f"client/{cid}/beta_cov"] = bc
+        if betas:
+            metrics["train/beta_mean"] = float(np.mean([b for b, _, _ in betas.values()]))
+            metrics["train/beta_fallbacks"] = float(sum(fb for _, _, fb in betas.values()))
+        self.round_betas = {}
+
+    def on_evaluate(self, orch, round_idx: int, metrics: dict) -> None:
+        # the betas each client's evaluated head used; every process holds its own clients' values
+        M, fabric = self.data.num_clients, orch.fabric
+        vals = torch.zeros(2, M, dtype=torch.float64, device=fabric.device)
+        for cid, (b, bc) in self.module.eval_betas.items():
+            vals[0, cid], vals[1, cid] = b, bc
+        if fabric.world_size > 1:
+            vals = fabric.all_reduce(vals, reduce_op="sum")
+        self.module.eval_betas = {}
+        for cid in range(M):
+            metrics[f"client/{cid}/beta_eval"] = float(vals[0, cid])
+            if self.hp.beta_mode == "separate":
+                metrics[f"client/{cid}/beta_cov_eval"] = float(vals[1, cid])
+        metrics["test/beta_mean"] = float(vals[0].mean())
+        orch.log_histogram("server/beta_hist", vals[0].cpu().numpy(), round_idx)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "mu": self.mu.cpu(), "cov": self.cov.cpu()}
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        super().load_state_dict(state, device)
+        self.mu, self.cov = state["mu"].to(device), state["cov"].to(device)
+
+
+register_method("pfedfda", PFedFDAConfig, PFedFDAClient, PFedFDAServer)

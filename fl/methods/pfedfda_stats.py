@@ -1,0 +1,191 @@
+"""pFedFDA's statistics: the Gaussian (LDA) head, local estimates, their interpolation and the choice of beta.
+
+Everything here runs in float64, outside autocast (spec §9 pitfall 2); callers cast W, b to the model's dtype
+only when writing the head. Equation numbers are the paper's (McLaughlin & Su, NeurIPS 2024).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+PRIOR_EPS = 1e-4  # log-priors of absent classes stay finite (official code)
+
+
+def priors(labels: Tensor, num_classes: int, eps: float = PRIOR_EPS) -> Tensor:
+    """pi^c = n^c / n, smoothed: (pi + eps) / sum(pi + eps)."""
+    pi = torch.bincount(labels.long().cpu(), minlength=num_classes).double()
+    pi = pi / pi.sum().clamp_min(1.0) + eps
+    return pi / pi.sum()
+
+
+def shrink(cov: Tensor, eps: float) -> Tensor:
+    """(1 - eps) Sigma + eps tr(Sigma)/d I: the solve-time shrinkage that keeps Sigma well conditioned."""
+    d = cov.shape[-1]
+    eye = torch.eye(d, dtype=cov.dtype, device=cov.device)
+    return (1 - eps) * cov + eps * torch.diagonal(cov, dim1=-2, dim2=-1).sum(-1)[..., None, None] / d * eye
+
+
+def lda_head(mu: Tensor, cov: Tensor, log_prior: Tensor, shrink_eps: float = 1e-4) -> tuple[Tensor, Tensor]:
+    """Eq. 4 as a linear layer: W_c = Sigma^-1 mu_c (a solve, never an explicit inverse),
+    b_c = -1/2 mu_c . W_c + log pi_c. softmax(z W^T + b) is the Gaussian posterior p(y | z)."""
+    s = shrink(cov, shrink_eps) if shrink_eps > 0 else cov
+    W = torch.linalg.solve(s, mu.T).T
+    b = -0.5 * (mu * W).sum(1) + log_prior
+    return W, b
+
+
+def nearest_pd_clipped(cov: Tensor, threshold: float = 1e-15, std_floor: float = 0.0) -> Tensor:
+    """The nearest positive (semi)definite matrix with the same variances (statsmodels' cov_nearest, method
+    'clipped'): clip the eigenvalues of the correlation matrix at `threshold`, rescale it to unit diagonal
+    and turn it back into a covariance. A matrix with no eigenvalue below the threshold comes back unchanged.
+    `std_floor` guards dead features (zero variance) against 0/0 (spec §9 pitfall 3)."""
+    cov = (cov + cov.T) / 2
+    std = torch.diagonal(cov).clamp_min(0).sqrt().clamp_min(std_floor)
+    corr = cov / std[:, None] / std[None, :]
+    eye = torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
+    if int(torch.linalg.cholesky_ex(corr - threshold * eye).info) == 0:
+        return cov  # every eigenvalue above the threshold (a Cholesky is far cheaper than eigh)
+    evals, evecs = torch.linalg.eigh(corr)
+    if bool((evals >= threshold).all()):
+        return cov
+    corr = (evecs * evals.clamp_min(threshold)) @ evecs.T
+    d = torch.diagonal(corr).sqrt()
+    corr = corr / d[:, None] / d[None, :]
+    return corr * std[:, None] * std[None, :]
+
+
+def regularise(cov: Tensor, mode: str, eps: float = 1e-4) -> Tensor:
+    """Covariance regularisation for low-sample estimates (paper §4.3 vs the official code, spec §8 #2).
+    code:  Sigma + eps (every entry) + I, then the nearest PD matrix (a no-op: +I already makes it PD)
+    paper: Sigma + eps I, then the nearest PD matrix with identical variances"""
+    d = cov.shape[0]
+    eye = torch.eye(d, dtype=cov.dtype, device=cov.device)
+    if mode == "code":
+        return nearest_pd_clipped(cov + eps + eye)
+    return nearest_pd_clipped(cov + eps * eye, std_floor=math.sqrt(eps))
+
+
+def estimate(z: Tensor, y: Tensor, fallback_mu: Tensor, cov_reg: str, min_count: int = 0) -> tuple[Tensor, Tensor]:
+    """Eq. 6-8: class means and the tied (pooled within-class) covariance with an (n - 1) denominator.
+    Classes with at most `min_count` samples (absent ones always) take the global mean; centring always uses
+    the local mean of every present class."""
+    C = fallback_mu.shape[0]
+    counts = torch.bincount(y, minlength=C)
+    sums = torch.zeros_like(fallback_mu).index_add_(0, y, z)
+    local = sums / counts.clamp_min(1)[:, None].to(z.dtype)
+    centred = z - local[y]
+    cov = centred.T @ centred / max(z.shape[0] - 1, 1)
+    mu = torch.where((counts > min_count)[:, None], local, fallback_mu)
+    return mu, regularise(cov, cov_reg)
+
+
+def interpolate(beta_mu, beta_cov, local: tuple[Tensor, Tensor], glob: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """Eq. 9: mu_i = b mu_hat + (1 - b) mu_g, Sigma_i = b' Sigma_hat + (1 - b') Sigma_g."""
+    return (beta_mu * local[0] + (1 - beta_mu) * glob[0], beta_cov * local[1] + (1 - beta_cov) * glob[1])
+
+
+def stratified_folds(y: Tensor, k: int, gen: torch.Generator) -> list[Tensor]:
+    """k folds with every class spread evenly: shuffle within each class, sort by class, deal round-robin
+    (the allocation of scikit-learn's shuffled StratifiedKFold, drawn from a seeded generator)."""
+    order = []
+    for c in torch.unique(y).tolist():
+        idx = torch.nonzero(y == c).flatten()
+        order.append(idx[torch.randperm(len(idx), generator=gen).to(idx.device)])
+    order = torch.cat(order)
+    fold_of = torch.arange(len(order), device=y.device) % k
+    return [order[fold_of == f] for f in range(k)]
+
+
+@dataclass
+class BetaResult:
+    beta_mu: float
+    beta_cov: float
+    fallback: bool  # the CV split or the optimiser failed (beta = 0, resp. the previous beta)
+    cv_loss: float = float("nan")
+
+
+def cv_parts(z: Tensor, y: Tensor, glob: tuple[Tensor, Tensor], k: int, cov_reg: str,
+             gen: torch.Generator) -> list[tuple[tuple[Tensor, Tensor], Tensor, Tensor]]:
+    """Per fold: the local statistics of its training part (Eq. 6-8, global-mean fallback) and its held-out
+    features and labels."""
+    folds = stratified_folds(y, k, gen)
+    parts = []
+    for f in range(k):
+        train = torch.cat([folds[g] for g in range(k) if g != f])
+        parts.append((estimate(z[train], y[train], glob[0], cov_reg), z[folds[f]], y[folds[f]]))
+    return parts
+
+
+def cv_objective(parts, glob: tuple[Tensor, Tensor], log_prior: Tensor, shrink_eps: float):
+    """J(beta_mu, beta_cov) = sum over folds of the mean held-out cross-entropy of the LDA head of the
+    interpolated statistics (Eq. 9 in the official code's scaling).
+
+    The shrunk covariance is affine in beta: A + beta B with A = shrink(Sigma_g) (PD) and
+    B = shrink(Sigma_hat) - A. With A = L L^T and L^-1 B L^-T = Q diag(lam) Q^T (one Cholesky and one symmetric
+    eigendecomposition per fold), (A + beta B)^-1 = P^T diag(1 / (1 + beta lam)) P, P = Q^T L^-1. So every
+    evaluation of J, and its gradient, costs O(n C d) instead of a d x d solve; it equals the direct solve
+    (tested), and 1 + beta lam > 0 on [0, 1] because A + beta B is a convex combination of PD matrices."""
+    mu_g = glob[0]
+    A = shrink(glob[1], shrink_eps)
+    L = torch.linalg.cholesky(A)
+    terms = []
+    for (mu_hat, cov_hat), zv, yv in parts:
+        B = shrink(cov_hat, shrink_eps) - A
+        LiB = torch.linalg.solve_triangular(L, B, upper=False)  # L^-1 B
+        K = torch.linalg.solve_triangular(L, LiB.T, upper=False)  # L^-1 B L^-T (B symmetric)
+        lam, Q = torch.linalg.eigh((K + K.T) / 2)
+        P = torch.linalg.solve_triangular(L.T, Q, upper=True).T  # Q^T L^-1
+        terms.append((lam, zv @ P.T, mu_g @ P.T, (mu_hat - mu_g) @ P.T, yv))
+
+    def J(beta_mu: Tensor, beta_cov: Tensor) -> Tensor:
+        total = 0.0
+        for lam, zp, m0, m1, yv in terms:
+            s = 1.0 / (1.0 + beta_cov * lam)
+            m = m0 + beta_mu * m1
+            logits = (zp * s) @ m.T - 0.5 * (m * m * s).sum(1) + log_prior
+            total = total + F.cross_entropy(logits, yv)  # mean per fold, summed over folds (code)
+        return total
+
+    return J
+
+
+def solve_beta(z: Tensor, y: Tensor, glob: tuple[Tensor, Tensor], log_prior: Tensor, *, mode: str, k: int,
+               cov_reg: str, shrink_eps: float, max_iter: int, gtol: float, gen: torch.Generator,
+               prev: Optional[tuple[float, float]] = None, init: float = 0.5) -> BetaResult:
+    """Eq. 9: beta minimising the k-fold cross-validated cross-entropy of the interpolated LDA head, by L-BFGS
+    from `init` with beta clipped to [0, 1] inside the objective (the official code's solver).
+    mode: single (one beta for means and covariance), separate (beta_mu, beta_cov), local_only (beta = 1)."""
+    if mode == "local_only":
+        return BetaResult(1.0, 1.0, False)
+    prev = prev if prev is not None else (init, init)
+    counts = torch.bincount(y)
+    keep = counts[y] >= k  # classes with fewer than k samples stay out of the CV (not out of the final MLE)
+    z, y = z[keep], y[keep]
+    if z.shape[0] < k:
+        return BetaResult(0.0, 0.0, True)  # the code's CV-failure path: global statistics only
+    x = torch.full((1 if mode == "single" else 2,), init, dtype=torch.float64, device=z.device, requires_grad=True)
+    try:
+        J = cv_objective(cv_parts(z, y, glob, k, cov_reg, gen), glob, log_prior, shrink_eps)
+        opt = torch.optim.LBFGS([x], lr=1.0, max_iter=max_iter, tolerance_grad=gtol, line_search_fn="strong_wolfe")
+
+        def closure():
+            opt.zero_grad()
+            b = x.clamp(0.0, 1.0)
+            loss = J(b[0], b[-1])
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        with torch.no_grad():
+            b = x.detach().clamp(0.0, 1.0)
+            loss = float(J(b[0], b[-1]))
+    except RuntimeError:  # a failed factorisation: keep the previous beta (code behaviour)
+        return BetaResult(prev[0], prev[1], True)
+    if not math.isfinite(loss):
+        return BetaResult(prev[0], prev[1], True)
+    return BetaResult(float(b[0]), float(b[-1]), False, loss)
