@@ -1,0 +1,105 @@
+"""FedACD's losses and statistics as pure tensor functions (Zhou et al. 2025, Eqs. 7-10).
+
+Notation: C classes; P is a client's C x C matrix of mean predicted probabilities per true class
+(row i = true class i, P_ij = mean p_j(x) over local samples of class i); `present` marks the classes
+the client holds (N_i > 0). Every function works on a batch and returns per-sample values where the
+paper averages over samples, so mixup can weight them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+KL_REDUCTIONS = ("mean_present", "sum", "batchmean_C")
+
+
+def l1_flatten(logp: Tensor, y: Tensor) -> Tensor:
+    """Eq. 7 per sample: KL(p || q) with q_y = p_y and q_k = (1 - p_y) / (C - 1) off the target.
+
+    The y term is zero, so L1 = sum_{k != y} p_k (log p_k - log q_off). log(1 - p_y) is taken as the
+    logsumexp of the off-target log-probabilities, which stays finite as p_y -> 1. q is a function of
+    p, but detaching it would not change the gradient (the softmax Jacobian cancels the constant
+    log q_off), so it is left attached."""
+    C = logp.shape[1]
+    if C < 2:
+        return logp.new_zeros(logp.shape[0])
+    target = F.one_hot(y, C).bool()
+    log1m_py = torch.logsumexp(logp.masked_fill(target, -math.inf), dim=1)
+    log_q_off = log1m_py - math.log(C - 1)
+    terms = logp.exp() * (logp - log_q_off[:, None])
+    return terms.masked_fill(target, 0.0).sum(1)
+
+
+def adjustment_matrix(P: Tensor, present: Tensor, missing_delta: float, eps: float = 1e-8) -> Tensor:
+    """A[y, i] = log P_yi - log P_iy (row = true class), the logit adjustment of Eq. 8, detached.
+
+    Columns of classes the client lacks get log(missing_delta) (their Delta is "a small value"), which
+    takes them (almost) out of the softmax denominator; the diagonal is zero. Rows of missing classes
+    are never used (labels are local) and are left as computed."""
+    logP = P.detach().clamp_min(eps).log()
+    A = logP - logP.T
+    A[:, ~present] = math.log(missing_delta)
+    A.fill_diagonal_(0.0)
+    return A
+
+
+def l2_adjusted_ce(logits: Tensor, y: Tensor, A: Tensor) -> Tensor:
+    """Eq. 8 per sample: log(1 + sum_{i != y} exp(f_i - f_y + A[y, i])) = CE(f + A[y], y)."""
+    return F.cross_entropy(logits + A.to(logits.dtype)[y], y, reduction="none")
+
+
+def accumulate(sums: Tensor, weights: Tensor, probs: Tensor, y: Tensor, w) -> None:
+    """Add detached probabilities to their class rows with weight w (mixup's mu or 1 - mu), in place.
+    index_add_ accumulates duplicate labels of a batch (P[y] += p would keep only one of them)."""
+    w = torch.as_tensor(w, dtype=sums.dtype, device=sums.device)
+    w = w.expand(len(y)) if w.dim() == 0 else w
+    sums.index_add_(0, y, probs.detach().to(sums.dtype) * w[:, None])
+    weights.index_add_(0, y, w)
+
+
+def rows_from(sums: Tensor, weights: Tensor, previous: Tensor) -> Tensor:
+    """P from accumulated sums: rows with weight take their weighted mean, others keep `previous`."""
+    has = weights > 0
+    out = previous.clone()
+    out[has] = (sums[has] / weights[has, None]).to(out.dtype)
+    return out
+
+
+def template_q(num_classes: int, tau: float, dtype=torch.float64, device=None) -> Tensor:
+    """Q of Eq. 10: tau on the diagonal, (1 - tau) / (C - 1) elsewhere."""
+    C = num_classes
+    Q = torch.full((C, C), (1.0 - tau) / max(C - 1, 1), dtype=dtype, device=device)
+    Q.fill_diagonal_(tau)
+    return Q
+
+
+def kl_pq(P: Tensor, present: Tensor, tau: float, reduction: str = "mean_present", eps: float = 1e-8) -> Tensor:
+    """KL(P || Q) over the rows of present classes.
+
+    mean_present: mean over present rows of sum_j P_ij log(P_ij / Q_ij) (the magnitudes of the paper's
+    Table 9); sum: the literal double sum of Eq. 10; batchmean_C: the sum divided by C."""
+    if reduction not in KL_REDUCTIONS:
+        raise ValueError(f"kl reduction {reduction!r}; choices: {', '.join(KL_REDUCTIONS)}")
+    P = P.to(torch.float64)[present]
+    Q = template_q(P.shape[1], tau, device=P.device)[present]
+    # 0 log 0 = 0: entries that are exactly zero contribute nothing
+    rows = torch.where(P > 0, P * (P.clamp_min(eps).log() - Q.log()), torch.zeros_like(P)).sum(1)
+    if reduction == "mean_present":
+        return rows.mean()
+    total = rows.sum()
+    return total if reduction == "sum" else total / present.numel()  # present has one entry per class
+
+
+def score_v(kl: Tensor | float) -> float:
+    """V = sigmoid(1 / KL(P || Q)) in (0.5, 1]; KL -> 0 gives V -> 1 (guarded at 1e-12)."""
+    kl = float(kl)
+    return float(torch.sigmoid(torch.tensor(1.0 / max(kl, 1e-12), dtype=torch.float64)))
+
+
+def v_weights(scores: list[float]) -> Tensor:
+    """Eq. 11's aggregation weights V_m / sum_k V_k over the round's clients."""
+    v = torch.tensor(scores, dtype=torch.float64)
+    return v / v.sum()
