@@ -1,0 +1,31 @@
+"""LG-FedAvg (Liang et al., 2020, "Think Locally, Act Globally"): local representations, a global head.
+
+Each client keeps its representation layers (the body) to itself and learns them only on its own data; the
+top layers, here the classifier head, are the global model: uploaded and averaged as in FedAvg (weights
+n_i), then sent back to every client. This is the mirror image of FedPer (private head, shared body).
+Every client's body starts from the same seeded initialisation; there is no global model to evaluate on
+the pooled test set (the averaged head has no body of its own).
+"""
+from dataclasses import dataclass
+
+from fl.client import ClientModule
+from fl.config import MethodConfig
+from fl.registry import register_method
+from fl.server import Server
+
+
+@dataclass
+class LGFedAvgConfig(MethodConfig):
+    name: str = "lg_fedavg"
+
+
+class LGFedAvgClient(ClientModule):
+    def is_private(self, key: str) -> bool:
+        return not key.startswith("model.head.")  # the local representation layers
+
+
+class LGFedAvgServer(Server):
+    has_global_model = False  # the global head has no body of its own
+
+
+register_method("lg_fedavg", LGFedAvgConfig, LGFedAvgClient, LGFedAvgServer)
