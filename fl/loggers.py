@@ -1,6 +1,7 @@
 """Where metrics go: metrics.jsonl in the run directory (always) and Weights & Biases (when enabled)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -64,18 +65,140 @@ def make_wandb_logger(cfg: DictConfig, run_dir: Path, run_name: str):
     if mode == "disabled":
         return None
     os.environ.setdefault("WANDB_SILENT", "true")
-    from lightning.pytorch.loggers import WandbLogger
-
     w = cfg.logger.wandb
     group = w.group or f"{cfg.data.name}/{cfg.data.partition}"
     id_file = run_dir / "wandb_id"
     run_id = id_file.read_text().strip() if id_file.is_file() else None
-    logger = WandbLogger(name=run_name, save_dir=str(run_dir), project=w.project, entity=w.entity, group=group,
-                         job_type=cfg.method.name, tags=list(w.tags), mode=mode, id=run_id, resume="allow",
-                         config=OmegaConf.to_container(cfg, resolve=True))
+    logger = wandb_logger_cls()(cfg, run_dir, name=run_name, save_dir=str(run_dir), project=w.project,
+                                entity=w.entity, group=group, job_type=cfg.method.name, tags=list(w.tags), mode=mode,
+                                id=run_id, resume="allow", config=OmegaConf.to_container(cfg, resolve=True))
     if rank_zero_only.rank == 0 and run_id is None:
         id_file.write_text(logger.experiment.id)
     return logger
+
+
+EVAL_PREFIXES = ("test/", "val/")
+
+
+@functools.lru_cache(maxsize=None)
+def wandb_logger_cls():
+    """Defined on first use: importing lightning.pytorch costs seconds, and runs without W&B skip it."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    class FLWandbLogger(WandbLogger):
+        """Lightning's W&B logger plus the dashboard: define_metric summaries so the run table shows final,
+        best and last-K values while the run goes (best/<key>, last<K>/<key>; fl.train adds final/<key> and
+        best/<key> from summary.json at the end), a per-client table at every evaluation round, and the
+        report's plots (metric vs round, lambda_i / beta_i / V_i / ESS traces) as images at the last round.
+        metrics.jsonl stays the source of truth; everything here is derived from the same rows."""
+
+        def __init__(self, cfg: DictConfig, run_dir: Path, **kwargs):
+            super().__init__(**kwargs)
+            self._cfg, self._run_dir = cfg, Path(run_dir)
+            self._last_k = int(cfg.trainer.last_k)
+            self._evals: Optional[list[dict]] = None  # evaluation rows so far (rebuilt from metrics.jsonl on resume)
+            self._defined = False
+
+        @property
+        def experiment(self):
+            run = super().experiment
+            if not self._defined and rank_zero_only.rank == 0 and hasattr(run, "define_metric"):
+                self._defined = True
+                define_dashboard_metrics(run, self._last_k)
+            return run
+
+        @rank_zero_only
+        def log_metrics(self, metrics, step=None) -> None:
+            metrics = dict(metrics)
+            evaluated = step is not None and any(k.startswith(EVAL_PREFIXES) for k in metrics)
+            if evaluated:
+                metrics.update(self._running_summaries(metrics, step))
+            super().log_metrics(metrics, step)
+            if evaluated:
+                table = client_table(metrics, step)
+                if table is not None:
+                    self.experiment.log({"clients/metrics": table, "trainer/global_step": step})
+            if step is not None and step == self._cfg.trainer.rounds - 1:
+                self._log_round_plots(step)
+
+        def _running_summaries(self, metrics: dict, step: int) -> dict:
+            if self._evals is None:
+                self._evals = [r for r in _read_jsonl(self._run_dir / "metrics.jsonl")
+                               if r.get("round", -1) < step and any(k.startswith(EVAL_PREFIXES) for k in r)]
+            self._evals.append({"round": step, **metrics})
+            return running_summaries(self._evals, self._last_k)
+
+        def _log_round_plots(self, step: int) -> None:
+            import tempfile
+
+            import wandb
+
+            with tempfile.TemporaryDirectory() as tmp:
+                images = {f"plots/{path.stem.split('__')[-1]}": wandb.Image(str(path), caption=name)
+                          for name, path in round_plots(self._cfg, self._run_dir, Path(tmp))}
+                if images:
+                    self.experiment.log({**images, "trainer/global_step": step})
+
+    return FLWandbLogger
+
+
+def define_dashboard_metrics(run, last_k: int) -> None:
+    """Rounds on the x axis; the run table's columns: <key> = final value, best/<key>, last<K>/<key> (the
+    last two hidden from the charts). W&B's default summary (the last value, a plain number) is kept:
+    an aggregate such as summary="max" turns the summary into {"max": v}, which sweeps cannot read."""
+    run.define_metric("trainer/global_step")
+    for pattern in ("test/*", "val/*", "train/*", "server/*", "comm/*", "client/*"):
+        run.define_metric(pattern, step_metric="trainer/global_step")
+    for pattern in ("best/*", f"last{last_k}/*"):
+        run.define_metric(pattern, step_metric="trainer/global_step", hidden=True)
+
+
+def running_summaries(evals: list[dict], last_k: int) -> dict[str, float]:
+    """best/<key> and last<K>/<key> of every test/ and val/ scalar over the evaluation rows so far; the
+    same rules as summary.json (fl.metrics.summary), so the final W&B values equal the file's."""
+    from fl.metrics.summary import summarize_history
+
+    rows = [{k: v for k, v in r.items() if k == "round" or k.startswith(EVAL_PREFIXES)} for r in evals]
+    s = summarize_history(rows, last_k)
+    out = {f"best/{k}": v for k, v in s["best"].items()}
+    out.update({f"last{last_k}/{k}": v for k, v in s[f"mean_last_{last_k}"].items()})
+    return out
+
+
+def client_table(metrics: dict, step: int):
+    """client/<i>/<name> scalars of one round as a wandb.Table: round, client, then one column per name."""
+    import re
+
+    pattern = re.compile(r"^client/(\d+)/(.+)$")
+    per_client: dict[int, dict[str, float]] = {}
+    for key, value in metrics.items():
+        m = pattern.match(key)
+        if m and isinstance(value, (int, float)):
+            per_client.setdefault(int(m.group(1)), {})[m.group(2)] = float(value)
+    if not per_client:
+        return None
+    import wandb
+
+    names = sorted({n for d in per_client.values() for n in d})
+    rows = [[step, cid, *[d.get(n) for n in names]] for cid, d in sorted(per_client.items())]
+    return wandb.Table(columns=["round", "client", *names], data=rows)
+
+
+def round_plots(cfg: DictConfig, run_dir: Path, folder: Path) -> list[tuple[str, Path]]:
+    """The report's figures for this one run, from its metrics.jsonl."""
+    from fl.report import DEFAULT_METRIC, Run, flatten, group_runs, headline_metric
+    from fl.report_plots import all_figures
+
+    run = Run(run_dir.name, str(run_dir), flatten(OmegaConf.to_container(cfg, resolve=True)), {},
+              _read_jsonl(run_dir / "metrics.jsonl"))
+    metrics = list(dict.fromkeys([headline_metric(cfg.method.name), DEFAULT_METRIC]))
+    return all_figures(group_runs([run]), metrics, folder)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def log_histogram(loggers, key: str, values, step: int) -> None:

@@ -1,0 +1,275 @@
+"""Run a W&B sweep file offline, or write one from a method's declared search ranges.
+
+    python -m fl.sweep sweeps/X.yaml [--seeds 0,1,2] [--parallel N] [--count N] [--out DIR] [key=value ...]
+    python -m fl.sweep --make conf=NAME params=method.lam[,method.mu] [out=FILE] [method=grid|random|bayes]
+                       [metric=KEY] [goal=maximize|minimize] [seeds=0,1,2]
+
+Each point x seed is one `python -m fl.train` run in <out>/<sweep name>/<point>-s<seed>/ (default out:
+outputs/sweeps). A run is finished when its directory has summary.json; running the same command again
+skips finished runs, resumes a run that has a checkpoint, and restarts one that died before its first
+checkpoint. Extra key=value arguments go to every run (e.g. trainer.rounds=5). The seeds are the file's
+`seed` parameter values, or --seeds (which replaces them), or the config's own seed. At the end it prints
+each point's metric (mean ± std over seeds) and the best point by the file's metric and goal, and writes
+<sweep dir>/sweep.json. Exit codes: 0 all runs finished, 1 some run failed, 2 a bad sweep file or
+parameter (before anything runs), 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from fl.config import ConfigError
+from fl.sweep_spec import Sweep, expand, grid_values, load_sweep, make_sweep, point_args
+
+
+@dataclass
+class Job:
+    point_id: str
+    point: dict
+    seed: Optional[int]
+    run_dir: Path
+
+    @property
+    def finished(self) -> bool:
+        return (self.run_dir / "summary.json").is_file()
+
+
+def point_id(index: int, point: dict) -> str:
+    """p<index>-<short readable values>-<hash>: stable for the same point, distinct for different ones."""
+    slug = "_".join(f"{k.split('.')[-1]}{v}" for k, v in point.items())
+    slug = re.sub(r"[^A-Za-z0-9._+-]", "", slug)[:40]
+    digest = hashlib.sha1(json.dumps(point, sort_keys=True, default=str).encode()).hexdigest()[:6]
+    return f"p{index:03d}-{slug}-{digest}" if slug else f"p{index:03d}-{digest}"
+
+
+def sweep_seeds(sweep: Sweep, requested: Optional[list[int]]) -> tuple[list[Optional[int]], Optional[str]]:
+    if requested:
+        note = "--seeds replaces the file's seed values" if "seed" in sweep.params else None
+        return list(requested), note
+    if "seed" in sweep.params:
+        return [int(s) for s in grid_values("seed", sweep.params["seed"])], None
+    return [None], None
+
+
+def train_argv(sweep: Sweep, job: Job, extra: list[str]) -> list[str]:
+    log = ["logger.progress=false"]
+    if (job.run_dir / "checkpoints" / "last.ckpt").is_file():  # died mid-run: continue from its checkpoint
+        return [f"resume={job.run_dir}", *log, *[a for a in extra if a.startswith(("logger.", "fabric."))]]
+    if job.run_dir.exists():  # died before its first checkpoint: start it again
+        shutil.rmtree(job.run_dir)
+    return [*sweep.fixed_args, *point_args(job.point), *([f"seed={job.seed}"] if job.seed is not None else []),
+            *extra, f"logger.output_dir={job.run_dir.parent}", f"logger.run_name={job.run_dir.name}",
+            f"logger.wandb.group=sweep-{sweep.name}", *log]
+
+
+def run_jobs(sweep: Sweep, jobs: list[Job], extra: list[str], parallel: int) -> list[Job]:
+    """Runs the unfinished jobs, `parallel` at a time; returns the ones that failed."""
+    todo = [j for j in jobs if not j.finished]
+    done = len(jobs) - len(todo)
+    if done:
+        print(f"resuming: {done} of {len(jobs)} runs already finished, {len(todo)} to go")
+    logs = jobs[0].run_dir.parent / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    running: list[tuple[Job, subprocess.Popen, float, object]] = []
+    failed = []
+    env = {**os.environ}
+    env.pop("FL_RUN_DIR", None)
+    try:
+        while todo or running:
+            while todo and len(running) < parallel:
+                job = todo.pop(0)
+                log = (logs / f"{job.run_dir.name}.log").open("w")
+                cmd = [sys.executable, "-m", "fl.train", *train_argv(sweep, job, extra)]
+                log.write(" ".join(cmd) + "\n")
+                log.flush()
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                running.append((job, proc, time.time(), log))
+            time.sleep(0.2)
+            for item in [r for r in running if r[1].poll() is not None]:
+                running.remove(item)
+                job, proc, start, log = item
+                log.close()
+                done += 1
+                status = "done" if proc.returncode == 0 and job.finished else f"FAILED (exit {proc.returncode})"
+                value = _metric_value(job, sweep.metric)
+                shown = f" {sweep.metric}={value:.4f}" if value is not None else ""
+                print(f"[{done}/{len(jobs)}] {job.run_dir.name} {status}{shown} ({time.time() - start:.0f} s)"
+                      + ("" if status == "done" else f"; log: {logs / (job.run_dir.name + '.log')}"), flush=True)
+                if status != "done":
+                    failed.append(job)
+    except KeyboardInterrupt:
+        for _, proc, _, _ in running:
+            proc.terminate()
+        for _, proc, _, _ in running:
+            proc.wait()
+        raise
+    return failed
+
+
+def _metric_value(job: Job, metric: Optional[str]) -> Optional[float]:
+    """The value W&B's sweep reads: the run's last logged value of the metric (summary.json's final)."""
+    if metric is None or not job.finished:
+        return None
+    return json.loads((job.run_dir / "summary.json").read_text())["final"].get(metric)
+
+
+def results(sweep: Sweep, jobs: list[Job]) -> list[dict]:
+    by_point: dict[str, dict] = {}
+    for job in jobs:
+        entry = by_point.setdefault(job.point_id, {"point": job.point_id, "params": job.point, "values": [],
+                                                   "runs": []})
+        entry["runs"].append(str(job.run_dir))
+        value = _metric_value(job, sweep.metric)
+        if value is not None:
+            entry["values"].append(value)
+    for entry in by_point.values():
+        v = entry["values"]
+        entry["mean"] = statistics.mean(v) if v else None
+        entry["std"] = statistics.stdev(v) if len(v) > 1 else 0.0 if v else None
+    return list(by_point.values())
+
+
+def best_point(sweep: Sweep, table: list[dict]) -> Optional[dict]:
+    scored = [e for e in table if e["mean"] is not None]
+    if not scored or sweep.metric is None:
+        return None
+    pick = max if sweep.goal == "maximize" else min
+    return pick(scored, key=lambda e: e["mean"])
+
+
+def print_results(sweep: Sweep, table: list[dict], seeds: list) -> None:
+    if sweep.metric is None:
+        print("the sweep file has no metric; no best point chosen")
+        return
+    print(f"\n{sweep.metric} (final value; mean ± std over seeds {seeds}), goal: {sweep.goal}")
+    for e in table:
+        params = " ".join(point_args(e["params"])) or "(no parameters)"
+        if e["mean"] is None:
+            print(f"  {e['point']:<40} {params:<40} no finished run")
+        else:
+            print(f"  {e['point']:<40} {params:<40} {e['mean']:.4f} ± {e['std']:.4f}  (n={len(e['values'])})")
+    best = best_point(sweep, table)
+    if best is not None:
+        print(f"best: {' '.join(point_args(best['params']))}  {sweep.metric}={best['mean']:.4f} ± {best['std']:.4f}")
+
+
+def _seed_list(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds={text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+
+
+def make_main(argv: list[str]) -> int:
+    opts = {}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in ("conf", "params", "out", "method", "metric", "goal", "seeds", "run_cap"):
+            raise ConfigError(f"--make: argument {arg!r} is not one of conf=, params=, out=, method=, metric=, "
+                              "goal=, seeds=, run_cap=")
+        opts[key] = value
+    if "conf" not in opts or "params" not in opts:
+        raise ConfigError("--make needs conf=NAME and params=method.X[,method.Y]")
+    if opts.get("method", "grid") not in ("grid", "random", "bayes"):
+        raise ConfigError(f"method={opts['method']!r} is not valid; choices: bayes, grid, random")
+    doc = make_sweep(opts["conf"], opts["params"].split(","), opts.get("method"),
+                     opts.get("metric"), opts.get("goal", "maximize"),
+                     _seed_list(opts["seeds"]) if "seeds" in opts else None, int(opts.get("run_cap", 20)))
+    import yaml
+
+    text = (f"# W&B sweep over {opts['params']} of conf={opts['conf']} (ranges declared in the method's config).\n"
+            f"# Online: wandb sweep FILE, then wandb agent <id>. Offline: python -m fl.sweep FILE\n"
+            + yaml.safe_dump(doc, sort_keys=False))
+    out = opts.get("out")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+        print(f"wrote {out}")
+    else:
+        print(text, end="")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] == "--make":
+            return make_main(argv[1:])
+        p = argparse.ArgumentParser(prog="python -m fl.sweep", description=__doc__.split("\n\n")[0])
+        p.add_argument("file")
+        p.add_argument("overrides", nargs="*", help="key=value passed to every run")
+        p.add_argument("--seeds", help="comma-separated seeds; each point runs once per seed")
+        p.add_argument("--parallel", type=int, default=1, help="runs at once (subprocesses)")
+        p.add_argument("--count", type=int, help="random / bayes: number of points (default: the file's run_cap)")
+        p.add_argument("--sweep-seed", type=int, default=0, help="seed of the random expansion")
+        p.add_argument("--out", default="outputs/sweeps", help="the sweep's directory is OUT/<sweep name>")
+        p.add_argument("--dry-run", action="store_true", help="print the runs and stop")
+        args = p.parse_intermixed_args(argv)
+        if args.parallel < 1 or (args.count is not None and args.count < 1):
+            raise ConfigError("--parallel and --count must be >= 1")
+        sweep = load_sweep(args.file)
+        for note in sweep.notes:
+            print(f"note: {note}")
+        seeds, note = sweep_seeds(sweep, _seed_list(args.seeds) if args.seeds else None)
+        if note:
+            print(f"note: {note}")
+        out = Path(args.out) / sweep.name
+        bad = [a for a in args.overrides if "=" not in a]
+        if bad:
+            raise ConfigError(f"argument {bad[0]!r} is not key=value")
+        sweep_points = expand(sweep, count=args.count, seed=args.sweep_seed)
+        jobs = plan_points(sweep, sweep_points, out, seeds, args.overrides)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"sweep {sweep.name}: {sweep.requested_method} over {', '.join(k for k in sweep.params if k != 'seed')}"
+          f"; {len(jobs) // len(seeds)} points x {len(seeds)} seeds = {len(jobs)} runs in {out}")
+    if args.dry_run:
+        for job in jobs:
+            print(f"  {job.run_dir.name}  {' '.join(point_args(job.point))}  {'(finished)' if job.finished else ''}")
+        return 0
+    try:
+        failed = run_jobs(sweep, jobs, args.overrides, args.parallel)
+    except KeyboardInterrupt:
+        print("\ninterrupted; run the same command again to continue", file=sys.stderr)
+        return 130
+    table = results(sweep, jobs)
+    manifest = {"name": sweep.name, "file": str(Path(args.file)), "method": sweep.requested_method,
+                "metric": sweep.metric, "goal": sweep.goal, "seeds": seeds, "overrides": args.overrides,
+                "points": table, "best": best_point(sweep, table)}
+    (out / "sweep.json").write_text(json.dumps(manifest, indent=2, default=str))
+    print_results(sweep, table, seeds)
+    print(f"\nSweep directory: {out}  (compare: python -m fl.report {out})")
+    return 1 if failed else 0
+
+
+def plan_points(sweep: Sweep, points: list[dict], out: Path, seeds: list, extra: list[str]) -> list[Job]:
+    """Every (point, seed) run, each checked by fl.config before anything runs."""
+    from fl.config import load_config
+
+    jobs = []
+    for i, point in enumerate(points):
+        pid = point_id(i, point)
+        for seed in seeds:
+            argv = sweep.fixed_args + point_args(point) + ([f"seed={seed}"] if seed is not None else []) + extra
+            try:
+                cfg = load_config(argv + ["logger.wandb.mode=disabled"])
+            except ConfigError as err:
+                raise ConfigError(f"point {pid} ({' '.join(point_args(point))}): {err}") from None
+            jobs.append(Job(pid, point, seed, out / f"{pid}-s{cfg.seed}"))
+    return jobs
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""fl.report on run directories with known metrics: table values, grouping, plots, HTML, W&B reading."""
+import base64
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from fl.metrics.summary import summarize_history
+from fl.report import ReportError, group_runs, load_local, load_wandb, table_rows, write_report
+
+LAST_K = 2
+
+
+def fake_run(root: Path, name: str, method: dict, seed: int, acc: list[float], data: dict | None = None,
+             extra: dict | None = None) -> Path:
+    """A run directory like fl.train's: config.yaml, metrics.jsonl (evaluations every other round) and
+    summary.json computed from it by fl.metrics.summary."""
+    run = root / name
+    run.mkdir(parents=True)
+    config = {"seed": seed, "method": method, "trainer": {"rounds": 2 * len(acc), "last_k": LAST_K},
+              "data": {"name": "embedded", "partition": "dirichlet", "dirichlet_alpha": 0.5, "partition_seed": None,
+                       **(data or {})},
+              "logger": {"output_dir": str(root)}}
+    (run / "config.yaml").write_text("# partition fingerprint: abc\n" + yaml.safe_dump(config))
+    history = []
+    for i, a in enumerate(acc):
+        history.append({"round": 2 * i, "train/loss": 1.0 / (i + 1)})
+        row = {"round": 2 * i + 1, "train/loss": 1.0 / (i + 1.5), "test/acc_mean_clients": a,
+               "client/0/acc": a - 0.1, "client/1/acc": a + 0.1}
+        row.update({k: (v(i) if callable(v) else v) for k, v in (extra or {}).items()})
+        history.append(row)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
+    summary = summarize_history(history, LAST_K)
+    summary.update({"method": method["name"], "seed": seed})
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+ACC = {  # method -> seed -> accuracy at each evaluation
+    "fedavg": {0: [0.2, 0.4, 0.5], 1: [0.3, 0.5, 0.6], 2: [0.1, 0.5, 0.7]},
+    "fedprox": {0: [0.2, 0.6, 0.8], 1: [0.2, 0.4, 0.6]},
+}
+
+
+@pytest.fixture
+def runs_dir(tmp_path):
+    for method, seeds in ACC.items():
+        for seed, acc in seeds.items():
+            fake_run(tmp_path / "runs", f"{method}-s{seed}", {"name": method}, seed, acc)
+    return tmp_path / "runs"
+
+
+def cell(text: str, method: str) -> list[str]:
+    line = next(line for line in text.splitlines() if f"| {method} |" in line)
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_table_values_are_mean_and_sample_std_over_seeds(runs_dir, tmp_path):
+    runs, notes = load_local([runs_dir])
+    assert len(runs) == 5 and notes == []
+    paths = write_report(runs, tmp_path / "report")
+    md = paths["markdown"].read_text()
+    # fedavg finals 0.5, 0.6, 0.7 -> 0.6 ± 0.1; last 2 means 0.45, 0.55, 0.6 -> 0.5333 ± 0.0764
+    lastk = [statistics.mean(a[-LAST_K:]) for a in ACC["fedavg"].values()]
+    expected_last = f"{statistics.mean(lastk):.4f} ± {statistics.stdev(lastk):.4f}"
+    head = cell(md, "setting")
+    row = cell(md, "fedavg")
+    assert row[head.index("seeds")] == "3"
+    assert row[head.index("test/acc_mean_clients final")] == "0.6000 ± 0.1000"
+    assert row[head.index(f"test/acc_mean_clients last {LAST_K}")] == expected_last == "0.5333 ± 0.0764"
+    assert row[head.index("headline (final)")] == "test/acc_mean_clients: 0.6000 ± 0.1000"
+    row = cell(md, "fedprox")  # finals 0.8, 0.6 -> 0.7 ± 0.1414
+    assert row[head.index("test/acc_mean_clients final")] == "0.7000 ± 0.1414"
+    tex = paths["latex"].read_text()
+    assert "fedavg & 3 & test/acc\\_mean\\_clients: $0.6000 \\pm 0.1000$" in tex
+    assert "$0.5333 \\pm 0.0764$" in tex and "\\begin{tabular}" in tex and "\\bottomrule" in tex
+
+
+def test_plots_and_self_contained_html(runs_dir, tmp_path):
+    runs, _ = load_local([runs_dir])
+    paths = write_report(runs, tmp_path / "report")
+    pngs = sorted((tmp_path / "report" / "plots").glob("*.png"))
+    assert [p.name for p in pngs] == ["embedded_dirichlet__test_acc_mean_clients.png"]  # no traces logged
+    page = paths["html"].read_text()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == 1 and base64.b64decode(images[0]) == pngs[0].read_bytes()
+    assert not re.search(r'src="(?!data:)', page)  # nothing loaded from elsewhere
+    assert "0.6000 ± 0.1000" in page
+
+
+def test_trace_plots_where_runs_log_lambda_beta_ess_v(tmp_path):
+    extra = {"client/0/lambda": lambda i: 0.1 * i, "client/1/lambda": 0.5, "client/0/beta": 0.3,
+             "server/ess": lambda i: 10.0 + i, "client/1/V": 2.0}
+    for seed in (0, 1):
+        fake_run(tmp_path / "runs", f"x-s{seed}", {"name": "fedavg"}, seed, [0.1, 0.2], extra=extra)
+    runs, _ = load_local([tmp_path / "runs"])
+    write_report(runs, tmp_path / "report")
+    names = {p.name for p in (tmp_path / "report" / "plots").glob("*.png")}
+    assert {"embedded_dirichlet__server_ess.png", "embedded_dirichlet_fedavg__client_lambda.png",
+            "embedded_dirichlet_fedavg__client_beta.png", "embedded_dirichlet_fedavg__client_V.png"} <= names
+
+
+def test_variants_settings_and_headline(tmp_path):
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        for mu in (0.01, 0.1):
+            fake_run(root, f"prox-{mu}-s{seed}", {"name": "fedprox", "mu": mu}, seed, [0.3, 0.4 + mu])
+        for alpha in (0.1, 1.0):
+            fake_run(root, f"avg-{alpha}-s{seed}", {"name": "fedavg"}, seed, [0.3, 0.5],
+                     data={"dirichlet_alpha": alpha})
+        fake_run(root, f"pals-s{seed}", {"name": "fedpals", "ess_frac": 0.5}, seed, [0.3, 0.6],
+                 extra={"test/target_acc": lambda i: 0.5 + 0.1 * i + 0.01 * seed,
+                        "val/target_acc": lambda i: 0.9 - 0.1 * i})
+    groups = group_runs(load_local([root])[0])
+    keys = set(groups)
+    assert ("embedded/dirichlet dirichlet_alpha=0.5", "fedprox mu=0.01") in keys
+    assert ("embedded/dirichlet dirichlet_alpha=0.5", "fedprox mu=0.1") in keys
+    assert ("embedded/dirichlet dirichlet_alpha=0.1", "fedavg") in keys
+    assert ("embedded/dirichlet dirichlet_alpha=0.5", "fedpals") in keys  # its one ess_frac is not a variant
+    assert all(len(g) == 2 for g in groups.values())
+    rows = {(r["setting"], r["method"]): r for r in table_rows(groups, ["test/acc_mean_clients"])}
+    pals = rows[("embedded/dirichlet dirichlet_alpha=0.5", "fedpals")]
+    assert pals["headline"] == "test/target_acc"
+    mean, std, n = pals["cells"]["test/target_acc"]["final"]
+    assert n == 2 and mean == pytest.approx(0.605) and std == pytest.approx(statistics.stdev([0.6, 0.61]))
+    # model selection on the target validation set picks the first evaluation (val is highest there)
+    assert pals["cells"]["test/target_acc"]["best_val"][0] == pytest.approx(0.505)
+    # a baseline on FedPALS' setting is read on the setting's headline too
+    assert rows[("embedded/dirichlet dirichlet_alpha=0.5", "fedprox mu=0.1")]["headline"] == "test/target_acc"
+
+
+def test_unfinished_runs_are_skipped_with_a_note_and_cli_writes_into_the_sweep_dir(runs_dir):
+    (runs_dir / "dead-s9").mkdir()
+    (runs_dir / "dead-s9" / "config.yaml").write_text("seed: 9\n")
+    res = run_cli([str(runs_dir)], cwd=runs_dir.parent, script=("-m", "fl.report"))
+    assert res.returncode == 0, res.stderr
+    assert "| embedded/dirichlet | fedavg | 3 |" in res.stdout
+    report = (runs_dir / "report" / "report.md").read_text()
+    assert "skipped" in report and "dead-s9" in report
+    assert (runs_dir / "report" / "report.html").is_file() and (runs_dir / "report" / "report.tex").is_file()
+    res = run_cli([str(runs_dir / "nothing")], cwd=runs_dir.parent, script=("-m", "fl.report"))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+
+
+class FakeWandbRun:
+    def __init__(self, run_dir: Path, state="finished"):
+        self.name, self.state, self.url = run_dir.name, state, f"https://wandb.ai/x/{run_dir.name}"
+        self.config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        self.rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    def scan_history(self):
+        for row in self.rows:  # W&B splits a round over several log calls; the report merges them
+            step = row["round"]
+            scalars = {k: v for k, v in row.items() if k != "round"}
+            half = dict(list(scalars.items())[: len(scalars) // 2])
+            yield {"trainer/global_step": step, "_step": 2 * step, **half}
+            yield {"trainer/global_step": step, "_step": 2 * step + 1, "media": {"_type": "image-file"},
+                   **{k: v for k, v in scalars.items() if k not in half}}
+
+
+class FakeApi:
+    def __init__(self, runs):
+        self._runs = runs
+
+    def runs(self, path, filters=None):
+        assert path == "ent/proj"
+        return self._runs
+
+
+def test_wandb_runs_give_the_same_table_as_the_run_directories(runs_dir, tmp_path):
+    local, _ = load_local([runs_dir])
+    dirs = sorted(p for p in runs_dir.iterdir() if p.is_dir())
+    remote = load_wandb("ent/proj", api=FakeApi([FakeWandbRun(d) for d in dirs] + [FakeWandbRun(dirs[0], "crashed")]))
+    assert len(remote) == len(local)
+
+    def table(runs):
+        rows = table_rows(group_runs(runs), ["test/acc_mean_clients"])
+        return [(r["setting"], r["method"], r["cells"]) for r in rows]
+
+    assert table(remote) == table(local)
+
+
+def test_wandb_offline_fails_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    with pytest.raises(ReportError, match="--wandb needs W&B online"):
+        load_wandb("ent/proj")
+    with pytest.raises(ReportError, match="expected ENTITY/PROJECT"):
+        load_wandb("proj")
+    res = run_cli(["--wandb", "ent/proj"], cwd=tmp_path, script=("-m", "fl.report"), env={"WANDB_MODE": "offline"})
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--wandb needs W&B online" in res.stderr
+
+
+def test_wandb_dashboard_offline_summaries_table_and_plots(tmp_path, monkeypatch):
+    """The W&B logger (offline): the run table's best/<key> and last<K>/<key> equal summary.json's values,
+    <key> itself stays a plain last value (what a sweep's metric reads), per-client metrics become a table
+    at evaluation rounds and the round plots become images at the last round."""
+    pytest.importorskip("wandb")
+    from omegaconf import OmegaConf
+
+    from fl.config import load_config
+    from fl.loggers import wandb_logger_cls
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    cfg = load_config(["trainer.rounds=4", f"trainer.last_k={LAST_K}", "logger.wandb.mode=offline",
+                       "trainer.eval_every=2"])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rows = [{"train/loss": 1.0},
+            {"train/loss": 0.9, "test/acc_mean_clients": 0.5, "client/0/acc": 0.4, "client/1/acc": 0.6},
+            {"train/loss": 0.8}, {"train/loss": 0.7, "test/acc_mean_clients": 0.3, "client/0/acc": 0.2,
+                                  "client/1/acc": 0.4, "client/0/lambda": 0.5, "client/1/lambda": 0.7}]
+    logger = wandb_logger_cls()(cfg, run_dir, name="t", save_dir=str(run_dir), project="p", mode="offline",
+                                config=OmegaConf.to_container(cfg))
+    with (run_dir / "metrics.jsonl").open("w") as f:  # the JSONL logger writes each row before W&B sees it
+        for step, row in enumerate(rows):
+            f.write(json.dumps({"round": step, **row}) + "\n")
+            f.flush()
+            logger.log_metrics(row, step=step)
+    summary = logger.experiment.summary
+    expected = summarize_history([{"round": i, **r} for i, r in enumerate(rows)], LAST_K)
+    assert summary["test/acc_mean_clients"] == 0.3  # a plain number: sweeps read it
+    assert summary["best/test/acc_mean_clients"] == expected["best"]["test/acc_mean_clients"] == 0.5
+    last_k = expected[f"mean_last_{LAST_K}"]["test/acc_mean_clients"]
+    assert summary[f"last{LAST_K}/test/acc_mean_clients"] == pytest.approx(last_k) == 0.4
+    files = Path(logger.experiment.dir)
+    logger.experiment.finish()
+    tables = sorted((files / "media" / "table" / "clients").glob("metrics_*.table.json"))
+    assert len(tables) == 2
+    last = max((json.loads(t.read_text()) for t in tables), key=lambda t: t["data"][0][0])
+    assert last["columns"] == ["round", "client", "acc", "lambda"]
+    assert last["data"] == [[3, 0, 0.2, 0.5], [3, 1, 0.4, 0.7]]
+    images = {p.name.split("_")[0] for p in (files / "media" / "images" / "plots").glob("*.png")}
+    assert {"test", "client"} <= images  # test_acc_mean_clients curve and the client/<i>/lambda trace

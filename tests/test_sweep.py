@@ -1,0 +1,219 @@
+"""Sweep files (W&B format) and the offline runner: expansion, validation, resume, --make, and every
+sweeps/*.yaml checked against the config schema."""
+import copy
+import json
+import math
+
+import pytest
+import yaml
+
+from conftest import ROOT, TINY, run_cli
+from fl.config import ConfigError, load_config
+from fl.sweep import Job, train_argv
+from fl.sweep import main as sweep_main
+from fl.sweep_spec import expand, grid_values, load_sweep, parse_sweep, point_args
+
+BASE = {
+    "program": "fl.train",
+    "command": ["${env}", "python", "-m", "fl.train", "conf=quickstart", "${args_no_hyphens}"],
+    "method": "grid",
+    "metric": {"name": "test/acc_mean_clients", "goal": "maximize"},
+    "parameters": {"optim.lr": {"values": [0.01, 0.05, 0.1]}, "trainer.local_epochs": {"values": [1, 2]},
+                   "seed": {"values": [0, 1]}},
+}
+
+
+def doc(**changes):
+    d = copy.deepcopy(BASE)
+    d.update(changes)
+    return d
+
+
+def test_grid_expansion_is_the_cartesian_product_without_seed():
+    sweep = parse_sweep(doc())
+    points = expand(sweep)
+    assert len(points) == 3 * 2
+    assert {(p["optim.lr"], p["trainer.local_epochs"]) for p in points} == {
+        (lr, e) for lr in (0.01, 0.05, 0.1) for e in (1, 2)}
+    assert all("seed" not in p for p in points)  # seeds are repeats of a point, not points
+    assert sweep.fixed_args == ["conf=quickstart"]
+
+
+def test_grid_over_int_and_q_uniform_and_nested_parameters():
+    sweep = parse_sweep(doc(parameters={
+        "trainer": {"parameters": {"rounds": {"distribution": "int_uniform", "min": 2, "max": 5}}},
+        "optim.momentum": {"distribution": "q_uniform", "min": 0.0, "max": 0.5, "q": 0.25},
+        "optim.name": {"value": "sgd"}}))
+    points = expand(sweep)
+    assert len(points) == 4 * 3 * 1
+    assert sorted({p["trainer.rounds"] for p in points}) == [2, 3, 4, 5]
+    assert sorted({p["optim.momentum"] for p in points}) == [0.0, 0.25, 0.5]
+
+
+def test_grid_refuses_a_continuous_distribution_naming_the_parameter():
+    bad = doc(parameters={"optim.lr": {"distribution": "log_uniform_values", "min": 1.0e-3, "max": 1.0}})
+    with pytest.raises(ConfigError, match=r"parameters\.optim\.lr: method grid needs"):
+        parse_sweep(bad)
+
+
+def test_random_expansion_count_ranges_and_seeding():
+    d = doc(method="random", run_cap=7, parameters={
+        "optim.lr": {"distribution": "log_uniform_values", "min": 1.0e-3, "max": 1.0},
+        "optim.momentum": {"distribution": "uniform", "min": 0.0, "max": 0.9},
+        "trainer.local_epochs": {"distribution": "int_uniform", "min": 1, "max": 3},
+        "optim.name": {"values": ["sgd", "adam"]}})
+    sweep = parse_sweep(d)
+    points = expand(sweep)
+    assert len(points) == 7
+    assert len(expand(sweep, count=12)) == 12
+    assert points == expand(parse_sweep(d))  # same file, same seed: the same points (resume finds its runs)
+    assert points != expand(sweep, seed=1)
+    for p in expand(sweep, count=200):
+        assert 1e-3 <= p["optim.lr"] <= 1.0 and 0.0 <= p["optim.momentum"] <= 0.9
+        assert p["trainer.local_epochs"] in (1, 2, 3) and p["optim.name"] in ("sgd", "adam")
+    # log-uniform: about half the draws below the geometric midpoint sqrt(1e-3 * 1)
+    lrs = [p["optim.lr"] for p in expand(sweep, count=400)]
+    assert 0.4 < sum(v < math.sqrt(1e-3) for v in lrs) / len(lrs) < 0.6
+
+
+def test_bayes_runs_as_random_with_a_note():
+    sweep = parse_sweep(doc(method="bayes", run_cap=3, parameters={
+        "optim.lr": {"distribution": "uniform", "min": 0.01, "max": 0.1}}))
+    assert sweep.method == "random" and sweep.requested_method == "bayes"
+    assert "random" in sweep.notes[0]
+    assert len(expand(sweep)) == 3
+
+
+def test_random_without_a_count_is_an_error():
+    sweep = parse_sweep(doc(method="random", parameters={"optim.lr": {"distribution": "uniform", "min": 0.1,
+                                                                                "max": 0.2}}))
+    with pytest.raises(ConfigError, match="run_cap"):
+        expand(sweep)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"method": "hyperband"}, "method"),
+    ({"metric": {"name": "test/acc", "goal": "up"}}, "metric.goal"),
+    ({"metric": "test/acc"}, "metric"),
+    ({"command": ["python", "train.py", "${args_no_hyphens}"]}, "command"),
+    ({"command": ["python", "-m", "fl.train", "conf=quickstart"]}, "command"),
+    ({"command": ["python", "-m", "fl.train", "${args_json}", "${args_no_hyphens}"]}, "command"),
+    ({"parameters": {}}, "parameters"),
+    ({"parameters": {"optim.lr": [0.1, 0.2]}}, "parameters.optim.lr"),
+    ({"parameters": {"optim.lr": {"valuez": [0.1]}}}, "parameters.optim.lr"),
+    ({"method": "random", "parameters": {"optim.lr": {"distribution": "gamma", "min": 0, "max": 1}}},
+     "parameters.optim.lr.distribution"),
+    ({"method": "random", "parameters": {"optim.lr": {"distribution": "uniform", "min": 1.0, "max": 0.1}}},
+     "parameters.optim.lr"),
+    ({"method": "random", "parameters": {"optim.lr": {"distribution": "uniform", "min": "1e-4", "max": 0.1}}},
+     "parameters.optim.lr.min"),
+    ({"run_cap": 0}, "run_cap"),
+])
+def test_malformed_files_name_the_bad_field(change, field):
+    with pytest.raises(ConfigError) as err:
+        parse_sweep(doc(**change))
+    assert str(err.value).startswith(field) and "\n" not in str(err.value)
+
+
+def test_cli_bad_file_exits_2_with_one_line(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc(method="grdi")))
+    res = run_cli([str(path), "--out", str(tmp_path)], cwd=tmp_path, script=("-m", "fl.sweep"))
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "method: 'grdi' is not valid" in res.stderr
+    # a bad parameter key is caught by the config schema before anything runs
+    path.write_text(yaml.safe_dump(doc(parameters={"optim.lrr": {"values": [0.1]}})))
+    assert sweep_main([str(path), "--out", str(tmp_path)]) == 2
+    assert "unknown key 'optim.lrr'" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_dead_run_without_checkpoint_is_restarted_and_one_with_a_checkpoint_resumed(tmp_path):
+    sweep = parse_sweep(doc())
+    run_dir = tmp_path / "p000-x-s0"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    job = Job("p000-x", {"optim.lr": 0.1}, 0, run_dir)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    assert train_argv(sweep, job, ["trainer.rounds=3", "logger.wandb.mode=disabled"])[:1] == [f"resume={run_dir}"]
+    (run_dir / "checkpoints" / "last.ckpt").unlink()
+    argv = train_argv(sweep, job, ["trainer.rounds=3"])
+    assert not run_dir.exists()  # nothing to resume from: start again under the same name
+    assert "optim.lr=0.1" in argv and f"logger.run_name={run_dir.name}" in argv and "seed=0" in argv
+
+
+def test_offline_sweep_runs_groups_resumes_and_picks_the_best(tmp_path):
+    sweep_file = tmp_path / "tiny.yaml"
+    sweep_file.write_text(yaml.safe_dump(doc(name="tiny", parameters={
+        "method.name": {"value": "fedprox"}, "method.mu": {"values": [0.0, 1.0]}})))
+    args = [str(sweep_file), "--seeds", "0", "--parallel", "2", "--out", str(tmp_path / "sweeps"),
+            *TINY, "trainer.rounds=2", f"data.root={tmp_path / 'data'}"]
+    res = run_cli(args, cwd=tmp_path, script=("-m", "fl.sweep"))
+    assert res.returncode == 0, res.stderr + res.stdout
+    out = tmp_path / "sweeps" / "tiny"
+    runs = sorted(p.parent for p in out.glob("*/summary.json"))
+    assert len(runs) == 2 and all(r.name.endswith("-s0") for r in runs)
+    finals = {r.name: json.loads((r / "summary.json").read_text())["final"]["test/acc_mean_clients"] for r in runs}
+    manifest = json.loads((out / "sweep.json").read_text())
+    best = max(finals.values())
+    assert manifest["best"]["mean"] == pytest.approx(best)
+    assert f"test/acc_mean_clients={best:.4f}" in res.stdout.split("best:")[1]
+
+    # half-done: the second run lost its summary (it died after its last checkpoint)
+    done, half = runs
+    (half / "summary.json").unlink()
+    stamp = (done / "summary.json").stat().st_mtime_ns
+    res = run_cli(args, cwd=tmp_path, script=("-m", "fl.sweep"))
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert "resuming: 1 of 2 runs already finished, 1 to go" in res.stdout
+    assert (done / "summary.json").stat().st_mtime_ns == stamp  # not rerun
+    assert (half / "summary.json").is_file()
+    log = (out / "logs" / f"{half.name}.log").read_text()
+    assert f"resume={half}" in log.splitlines()[0]
+    assert json.loads((half / "summary.json").read_text())["final"]["test/acc_mean_clients"] == finals[half.name]
+
+
+def test_make_writes_a_valid_sweep_file_from_declared_ranges(tmp_path, capsys):
+    out = tmp_path / "lam.yaml"
+    res = run_cli(["--make", "conf=fedpals_cifar10_c2_synthetic", "params=method.lam", f"out={out}"],
+                  cwd=tmp_path, script=("-m", "fl.sweep"))
+    assert res.returncode == 0, res.stderr
+    sweep = load_sweep(out)
+    assert sweep.method == "random" and sweep.run_cap
+    assert sweep.metric == "val/target_acc" and sweep.goal == "maximize"  # FedPALS tunes lambda on validation
+    assert sweep.params["method.lam"] == {"distribution": "log_uniform_values", "min": 1.0, "max": 1e4}
+    for point in expand(sweep):
+        load_config(sweep.fixed_args + point_args(point))
+    assert sweep_main(["--make", "conf=fedpals_cifar10_c2_synthetic", "params=method.ess_frac", "seeds=0,1"]) == 0
+    made = tmp_path / "made.yaml"
+    made.write_text(capsys.readouterr().out)
+    made = load_sweep(made)
+    assert made.method == "grid" and grid_values("seed", made.params["seed"]) == [0, 1]
+    assert made.params["method.ess_frac"] == {"values": [0.1, 0.25, 0.5, 0.75, 1.0]}
+    assert sweep_main(["--make", "conf=fedpals_cifar10_c2_synthetic", "params=method.tau"]) == 2
+    assert "params: 'method.tau' has no search range" in capsys.readouterr().err
+
+
+SWEEP_FILES = sorted((ROOT / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SWEEP_FILES, ids=[p.stem for p in SWEEP_FILES])
+def test_every_shipped_sweep_file_is_valid(path):
+    """Parses as W&B's format, runs fl.train, and every point (grid: all; random: 5 draws) with every seed is
+    a config fl.train accepts: the conf exists, the method is known, each parameter is a valid key."""
+    sweep = load_sweep(path)
+    assert sweep.metric, f"{path.name}: a sweep needs a metric to pick the best point"
+    assert any(a.startswith("conf=") for a in sweep.fixed_args), f"{path.name}: command has no conf="
+    seeds = grid_values("seed", sweep.params["seed"]) if "seed" in sweep.params else [None]
+    points = expand(sweep, count=5)
+    assert points
+    for point in points:
+        for seed in seeds:
+            argv = sweep.fixed_args + point_args(point) + ([f"seed={seed}"] if seed is not None else [])
+            cfg = load_config(argv)
+            for key, value in point.items():  # the value arrives typed, as the file meant it
+                got = cfg
+                for part in key.split("."):
+                    got = got[part]
+                assert got == value or (isinstance(value, float) and math.isclose(got, value)), (key, got, value)
+    if sweep.method == "grid":
+        assert len({json.dumps(p, sort_keys=True) for p in points}) == len(points)
