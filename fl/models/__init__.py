@@ -4,6 +4,8 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from fl.models.small import BackboneHead, cnn, logistic, mlp  # noqa: F401  (registers the models)
+from fl.models import pfedfda_cnn, resnet  # noqa: F401,E402  (registers resnet18, cifarnet, emnistnet)
+from fl.models import fedmosaic_nets  # noqa: F401,E402  (alexnet_bn, vit_s16, vit_mini, fedct_cnn)
 from fl.registry import MODELS
 
 
