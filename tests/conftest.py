@@ -35,3 +35,37 @@ def out(tmp_path):
 
 def tiny(out: Path, *extra: str) -> list[str]:
     return TINY + [f"logger.output_dir={out / 'outputs'}", f"data.root={out / 'data'}", *extra]
+
+
+def run_tiny(out: Path, *extra: str, name: str, threads: int | None = 1) -> Path:
+    """An in-process tiny run named `name` (one intra-op thread unless threads=None); returns its run dir."""
+    from fl.train import main
+
+    pinned = [f"fabric.cpu_threads={threads}"] if threads else []
+    assert main(tiny(out, *pinned, f"logger.run_name={name}", *extra)) == 0
+    return out / "outputs" / name
+
+
+def load_ckpt(run_dir: Path) -> dict:
+    import torch
+
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+
+
+def initial_model(cfg, data):
+    """The model every client and the server start from (how the orchestrator initialises it)."""
+    from fl.models import build_model
+    from fl.seeding import seed_torch
+
+    seed_torch(cfg.seed, 0, -1, "init")
+    return build_model(cfg, data.input_shape, data.num_classes)
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """In-process runs pin the intra-op thread count (fabric.cpu_threads); give the session its own back."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

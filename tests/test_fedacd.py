@@ -2,7 +2,6 @@
 the spec's closed forms for L1, L2, P, Q, V and the adaptability risk; V-weighted aggregation against the
 uploads; the diagnostics for other methods; 1 vs 2 processes."""
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,14 +13,7 @@ from fl.methods.fedacd_losses import (accumulate, adjustment_matrix, kl_pq, l1_f
                                       score_v, template_q, v_weights)
 from fl.metrics.adaptability import adaptability_risk, client_dist_accuracy, mean_label_distribution
 from fl.train import main
-from tests.conftest import read_metrics, run_cli, tiny
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+from tests.conftest import run_tiny as run, read_metrics, run_cli, tiny
 
 
 def l1_direct(p: torch.Tensor, y: torch.Tensor, detach_q: bool = False) -> torch.Tensor:
@@ -215,11 +207,6 @@ def test_client_distribution_accuracy_is_pi_bar_weighted_and_equals_resampled_te
 
 
 # ---- the method in runs ------------------------------------------------------------------------------
-
-def run(out: Path, *extra: str, name: str) -> Path:
-    assert main(tiny(out, "fabric.cpu_threads=1", f"logger.run_name={name}", *extra)) == 0
-    return out / "outputs" / name
-
 
 def test_server_averages_uploads_with_v_weights(out):
     """One round driven by hand: the uploads of the sampled clients, averaged with V_m / sum V_k, are the

@@ -2,7 +2,6 @@
 method's defining property, checkpoint/resume of their per-client state, and 1-vs-2 processes."""
 import os
 import signal
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,32 +12,10 @@ from fl.data import batch_indices, build_data
 from fl.methods.fedphp import hpm_weight
 from fl.methods.perfedavg import hessian_vector_fd, loss_and_grad
 from fl.methods.pfedme import solve_inner
-from fl.models import build_model
 from fl.orchestrator import Orchestrator, sample_clients
-from fl.seeding import generator, seed_torch
+from fl.seeding import generator
 from fl.train import main
-from tests.conftest import read_metrics, run_cli, tiny
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def run(out: Path, *extra: str, name: str) -> Path:
-    assert main(tiny(out, "fabric.cpu_threads=1", f"logger.run_name={name}", *extra)) == 0
-    return out / "outputs" / name
-
-
-def ckpt(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt")
-
-
-def initial_model(cfg, data):
-    seed_torch(cfg.seed, 0, -1, "init")  # how the orchestrator initialises the global model
-    return build_model(cfg, data.input_shape, data.num_classes)
+from tests.conftest import initial_model, load_ckpt as ckpt, run_tiny as run, read_metrics, run_cli, tiny
 
 
 def test_ditto_with_lambda_zero_trains_the_personal_model_as_local_does(out):

@@ -16,32 +16,9 @@ from fl.methods.fedpac import FedPACServer
 from fl.methods.fedpac_qp import combination_weights
 from fl.methods.fedrod import FedRoDClient, balanced_softmax_loss
 from fl.methods.lg_fedavg import LGFedAvgClient
-from fl.models import build_model
 from fl.orchestrator import sample_clients
-from fl.seeding import seed_torch
 from fl.train import main
-from tests.conftest import read_metrics, run_cli, tiny
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def run(out: Path, *extra: str, name: str) -> Path:
-    assert main(tiny(out, "fabric.cpu_threads=1", f"logger.run_name={name}", *extra)) == 0
-    return out / "outputs" / name
-
-
-def ckpt(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt")
-
-
-def initial_model(cfg, data):
-    seed_torch(cfg.seed, 0, -1, "init")  # how the orchestrator initialises every client's model
-    return build_model(cfg, data.input_shape, data.num_classes)
+from tests.conftest import initial_model, load_ckpt as ckpt, run_tiny as run, read_metrics, run_cli, tiny
 
 
 def record_uploads(monkeypatch, cls) -> list:

@@ -1,7 +1,6 @@
 """SCAFFOLD (fl/methods/scaffold.py): equal to FedAvg while the control variates are zero, the option-II
 control-variate update in closed form and against a hand-written loop, the correction changes training
 from round 1 on, resume, and 1-vs-2 processes."""
-from pathlib import Path
 
 import pytest
 import torch
@@ -9,34 +8,10 @@ import torch.nn.functional as F
 
 from fl.config import load_config
 from fl.data import batch_indices, build_data
-from fl.models import build_model
 from fl.orchestrator import sample_clients
-from fl.seeding import generator, seed_torch
+from fl.seeding import generator
 from fl.train import main
-from tests.conftest import read_metrics, run_cli, tiny
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    """The in-process runs use one intra-op thread (torch's 2 threads crawl on a busy 2-core machine);
-    give the rest of the session its thread count back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def run(out: Path, *extra: str, name: str) -> Path:
-    assert main(tiny(out, "fabric.cpu_threads=1", f"logger.run_name={name}", *extra)) == 0
-    return out / "outputs" / name
-
-
-def ckpt(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt")
-
-
-def initial_model(cfg, data):
-    seed_torch(cfg.seed, 0, -1, "init")  # how the orchestrator initialises the global model
-    return build_model(cfg, data.input_shape, data.num_classes)
+from tests.conftest import initial_model, load_ckpt as ckpt, run_tiny as run, read_metrics, run_cli, tiny
 
 
 def test_round_0_equals_fedavg_exactly(out):

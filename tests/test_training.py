@@ -19,12 +19,11 @@ from fl.registry import register_method
 from fl.seeding import generator, seed_torch
 from fl.server import Server
 from fl.train import main
-from tests.conftest import ROOT, read_metrics, run_cli, tiny
+from tests.conftest import ROOT, read_metrics, run_cli, run_tiny, tiny
 
 
 def run(out: Path, *extra: str, name: str) -> Path:
-    assert main(tiny(out, f"logger.run_name={name}", *extra)) == 0
-    return out / "outputs" / name
+    return run_tiny(out, *extra, name=name, threads=None)  # torch's default threads, like a user's run
 
 
 def global_params(run_dir: Path) -> dict:
