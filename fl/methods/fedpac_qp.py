@@ -20,7 +20,7 @@ from __future__ import annotations
 import cvxpy as cp
 import numpy as np
 
-SOLVERS = ("CLARABEL", "OSQP", "SCS")
+from fl.methods.simplex_qp import SOLVERS, solve_simplex  # noqa: F401  (SOLVERS: the configs' choices)
 # optima often sit on a face of the simplex; the default gaps leave ~1e-5 on weights that should be 0
 OPTIONS = {"CLARABEL": {"tol_gap_abs": 1e-10, "tol_gap_rel": 1e-10, "tol_feas": 1e-10}}
 
@@ -39,13 +39,4 @@ def combination_weights(h: np.ndarray, v: np.ndarray, i: int, solver: str = "CLA
     p = 0.5 * (p + p.T)
     a = cp.Variable(m, nonneg=True)
     problem = cp.Problem(cp.Minimize(cp.quad_form(a, cp.psd_wrap(p))), [cp.sum(a) == 1])
-    for name in (solver,) + tuple(s for s in SOLVERS if s != solver):  # fall back on solver failure
-        try:
-            problem.solve(solver=name, **OPTIONS.get(name, {}))
-        except cp.error.SolverError:
-            continue
-        if problem.status in ("optimal", "optimal_inaccurate") and a.value is not None:
-            w = np.clip(a.value, 0.0, None)
-            return w / w.sum()
-    raise RuntimeError(f"FedPAC QP failed with every solver ({', '.join(SOLVERS)}): status {problem.status}")
-
+    return solve_simplex(problem, a, solver, "FedPAC QP", OPTIONS)

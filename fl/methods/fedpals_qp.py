@@ -13,7 +13,7 @@ import math
 import cvxpy as cp
 import numpy as np
 
-SOLVERS = ("CLARABEL", "OSQP", "SCS")
+from fl.methods.simplex_qp import SOLVERS, solve_simplex  # noqa: F401  (SOLVERS: the configs' choices)
 
 
 def ess(alpha: np.ndarray, n: np.ndarray) -> float:
@@ -27,15 +27,7 @@ def mismatch(alpha: np.ndarray, S: np.ndarray, T: np.ndarray) -> float:
 
 
 def _solve(problem: cp.Problem, variable: cp.Variable, solver: str) -> np.ndarray:
-    for name in (solver,) + tuple(s for s in SOLVERS if s != solver):  # fall back on solver failure
-        try:
-            problem.solve(solver=name)
-        except cp.error.SolverError:
-            continue
-        if problem.status in ("optimal", "optimal_inaccurate") and variable.value is not None:
-            w = np.clip(variable.value, 0.0, None)
-            return w / w.sum()
-    raise RuntimeError(f"FedPALS QP failed with every solver ({', '.join(SOLVERS)}): status {problem.status}")
+    return solve_simplex(problem, variable, solver, "FedPALS QP")
 
 
 def fedpals_weights(S, T, n, lam: float, solver: str = "CLARABEL") -> np.ndarray:
