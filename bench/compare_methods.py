@@ -31,7 +31,7 @@ def main(argv: list[str]) -> None:
             summary = out / name / "summary.json"
             if not summary.is_file():
                 cmd = [sys.executable, "-m", "fl.train", f"conf={conf}", f"method.name={method}", f"seed={seed}",
-                       f"data.partition_seed={seed}", "logger.wandb.mode=disabled", "logger.progress=false",
+                       f"data.partition.seed={seed}", "logger.wandb.mode=disabled", "logger.progress=false",
                        f"logger.output_dir={out}", f"logger.run_name={name}", *extra]
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             rows.append((method, seed, json.loads(summary.read_text())))

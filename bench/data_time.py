@@ -19,11 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fl.config import load_config  # noqa: E402
-from fl.data import batch_indices, build_data  # noqa: E402
-from fl.orchestrator import Orchestrator, sample_clients  # noqa: E402
-from fl.registry import METHODS  # noqa: E402
-from fl.seeding import generator  # noqa: E402
-from fl.train import make_fabric  # noqa: E402
+from fl.core import batch_indices  # noqa: E402
+from fl.data import build_data  # noqa: E402
+from fl.core.loop import Orchestrator, sample_clients  # noqa: E402
+from fl.core.registry import METHODS  # noqa: E402
+from fl.core.seeding import generator  # noqa: E402
+from fl.run.train import make_fabric  # noqa: E402
 
 
 def data_path(orch: Orchestrator, rnd: int) -> float:

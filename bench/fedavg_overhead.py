@@ -26,16 +26,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fl.config import load_config  # noqa: E402
-from fl.data import batch_indices, build_data  # noqa: E402
-from fl.models import build_model  # noqa: E402
-from fl.orchestrator import Orchestrator, sample_clients  # noqa: E402
-from fl.registry import METHODS  # noqa: E402
-from fl.seeding import generator, seed_torch  # noqa: E402
-from fl.train import make_fabric  # noqa: E402
+from fl.core import batch_indices  # noqa: E402
+from fl.data import build_data  # noqa: E402
+from fl.core import build_model  # noqa: E402
+from fl.core.loop import Orchestrator, sample_clients  # noqa: E402
+from fl.core.registry import METHODS  # noqa: E402
+from fl.core.seeding import generator, seed_torch  # noqa: E402
+from fl.run.train import make_fabric  # noqa: E402
 
 
 def bench_config(tmp: str, rounds: int, device: str) -> list[str]:
-    return ["method.name=fedavg", "data.num_clients=20", "data.samples_per_class=500", "model.name=cnn",
+    return ["method.name=fedavg", "data.num_clients=20", "data.embedded.samples_per_class=500", "model.name=cnn",
             "model.width=16", "trainer.batch_size=32", "trainer.local_epochs=1", "trainer.participation=1.0",
             f"trainer.rounds={rounds + 1}", f"trainer.eval_every={rounds + 1}", "optim.lr=0.05",
             "optim.momentum=0.9", f"fabric.accelerator={device}", "logger.wandb.mode=disabled",
@@ -120,12 +121,12 @@ def overhead(rounds: int, repeats: int, device: str) -> dict:
 def memory(num_clients: int, device: str) -> dict:
     """Peak RSS of a child process running FedPer (private heads) on `num_clients` clients."""
     with tempfile.TemporaryDirectory() as tmp:
-        args = ["method.name=fedper", f"data.num_clients={num_clients}", "data.samples_per_class=4000",
-                "data.dirichlet_alpha=1.0", "model.width=16", "trainer.rounds=3", "trainer.participation=0.1",
+        args = ["method.name=fedper", f"data.num_clients={num_clients}", "data.embedded.samples_per_class=4000",
+                "data.partition.alpha=1.0", "model.width=16", "trainer.rounds=3", "trainer.participation=0.1",
                 "trainer.eval_every=3", "trainer.checkpoint_every=3", f"fabric.accelerator={device}",
                 "logger.wandb.mode=disabled", "logger.progress=false", f"logger.output_dir={tmp}",
                 f"data.root={tmp}/data", "logger.run_name=mem"]
-        code = ("import resource,sys,time,torch; from fl.train import main; t=time.perf_counter(); "
+        code = ("import resource,sys,time,torch; from fl.run.train import main; t=time.perf_counter(); "
                 "rc=main(sys.argv[1:]); dt=time.perf_counter()-t; "
                 "cuda=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0; "
                 "print('RESULT', rc, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, cuda, dt)")

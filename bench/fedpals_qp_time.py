@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fl.methods.fedpals_qp import fedpals_weights, lambda_for_ess  # noqa: E402
+from fl.methods.fedpals.qp import fedpals_weights, lambda_for_ess  # noqa: E402
 
 
 def timed(fn, repeats):

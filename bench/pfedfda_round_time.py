@@ -15,9 +15,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fl.config import load_config
 from fl.data import build_data
-from fl.orchestrator import Orchestrator
-from fl.registry import METHODS
-from fl.train import make_fabric
+from fl.core.loop import Orchestrator
+from fl.core.registry import METHODS
+from fl.run.train import make_fabric
 import fl.methods.pfedfda as P  # noqa: E402
 
 torch.set_num_threads(1)

@@ -1,5 +1,5 @@
 import sys
 
-from fl.train import main
+from fl.run.train import main
 
 sys.exit(main())

@@ -9,10 +9,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # A small, fast federation used across tests (seconds per run on a 2-core CPU).
-TINY = ["logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients=6", "data.samples_per_class=40",
-        "data.min_client_size=5", "model.width=4", "trainer.rounds=3", "trainer.batch_size=16",
+TINY = ["logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients=6", "data.embedded.samples_per_class=40",
+        "data.partition.min_client_size=5", "model.width=4", "trainer.rounds=3", "trainer.batch_size=16",
         "trainer.participation=0.5", "trainer.checkpoint_every=2", "trainer.eval_every=1",
-        "trainer.adaptability_every=1"]  # every evaluator on every round: resuming with more rounds changes nothing
+        "evaluators.adaptability.every=1"]  # every evaluator on every round: resuming with more rounds changes nothing
 
 
 def run_cli(args, cwd, env=None, script=("-m", "fl.train")):
@@ -39,7 +39,7 @@ def tiny(out: Path, *extra: str) -> list[str]:
 
 def run_tiny(out: Path, *extra: str, name: str, threads: int | None = 1) -> Path:
     """An in-process tiny run named `name` (one intra-op thread unless threads=None); returns its run dir."""
-    from fl.train import main
+    from fl.run.train import main
 
     pinned = [f"fabric.cpu_threads={threads}"] if threads else []
     assert main(tiny(out, *pinned, f"logger.run_name={name}", *extra)) == 0
@@ -54,8 +54,8 @@ def load_ckpt(run_dir: Path) -> dict:
 
 def initial_model(cfg, data):
     """The model every client and the server start from (how the orchestrator initialises it)."""
-    from fl.models import build_model
-    from fl.seeding import seed_torch
+    from fl.core import build_model
+    from fl.core.seeding import seed_torch
 
     seed_torch(cfg.seed, 0, -1, "init")
     return build_model(cfg, data.input_shape, data.num_classes)

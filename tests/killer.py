@@ -3,7 +3,7 @@ import os
 import signal
 import sys
 
-import fl.orchestrator as orchestrator
+import fl.core.loop as orchestrator
 
 KILL_ROUND = int(os.environ["FL_TEST_KILL_ROUND"])
 _train_client = orchestrator.Orchestrator.train_client
@@ -18,6 +18,6 @@ def train_client_then_die(self, rnd, cid):
 orchestrator.Orchestrator.train_client = train_client_then_die
 
 if __name__ == "__main__":
-    from fl.train import main
+    from fl.run.train import main
 
     sys.exit(main(sys.argv[1:]))

@@ -3,7 +3,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from fl.config import ConfigError, load_config
-from fl.train import main
+from fl.run.train import main
 from tests.conftest import run_cli, tiny
 
 
@@ -22,7 +22,7 @@ from tests.conftest import run_cli, tiny
     ("conf=missing/file.yaml", ["conf", "not found"]),
     ("trainer.rounds", ["key=value"]),
     ("fabric.accelerator=cuda", ["fabric.accelerator='cuda'"]),
-    ("data.num_clients=500", ["data.min_client_size"]),
+    ("data.num_clients=500", ["data.partition.min_client_size"]),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(out, capsys, arg, words):
     assert main(tiny(out, arg)) == 2

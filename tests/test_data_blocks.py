@@ -4,13 +4,21 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from fl.config import CONF_DIR, load_config
 from fl.data import build_data
 
 BLOCKS = sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml") if not p.stem.endswith("_synthetic"))
-SIZE_KEYS = {"name", "variant", "pool_splits", "num_classes", "num_domains", "channels", "samples_per_class",
-             "public_size", "samples_per_client", "partition_labels"}
+SIZE_KEYS = {"name", "variant", "pool_splits", "embedded", "public_size", "partition.samples_per_client",
+             "partition.labels"}
+
+
+def leaves(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
 
 
 def load_block(tmp_path: Path, name: str, *extra: str):
@@ -30,10 +38,10 @@ def test_block_is_valid_and_its_twin_builds_with_the_same_protocol(tmp_path, nam
     real = load_block(tmp_path, name)
     twin = load_block(tmp_path, f"{name}_synthetic")
     real_keys = yaml.safe_load((CONF_DIR / "data" / f"{name}.yaml").read_text())["data"]
-    for key, value in real_keys.items():
-        if key not in SIZE_KEYS:
-            assert twin.data[key] == value, key
+    for key, value in leaves(real_keys).items():
+        if key not in SIZE_KEYS and key.split(".")[0] not in SIZE_KEYS:
+            assert OmegaConf.select(twin.data, key) == value, key
     data = build_data(twin)
     assert data.num_clients == real.data.num_clients
-    assert (data.target is not None) == (real.data.target is not None or real.data.target_domain is not None)
+    assert (data.target is not None) == (real.data.target.distribution is not None or real.data.target.domain is not None)
     assert (data.public is not None) == bool(real.data.public_size)

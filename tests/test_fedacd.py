@@ -9,10 +9,10 @@ import torch.nn.functional as F
 
 from fl.config import load_config
 from fl.data import build_data
-from fl.methods.fedacd_losses import (accumulate, adjustment_matrix, kl_pq, l1_flatten, l2_adjusted_ce, rows_from,
-                                      score_v, template_q, v_weights)
-from fl.metrics.adaptability import adaptability_risk, client_dist_accuracy, mean_label_distribution
-from fl.train import main
+from fl.methods.fedacd.losses import accumulate, adjustment_matrix, l1_flatten, l2_adjusted_ce, rows_from, score_v, v_weights
+from fl.metrics.adaptability import (adaptability_risk, client_dist_accuracy, kl_pq, mean_label_distribution,
+                                     template_q)
+from fl.run.train import main
 from tests.conftest import run_tiny as run, read_metrics, run_cli, tiny
 
 
@@ -211,9 +211,9 @@ def test_client_distribution_accuracy_is_pi_bar_weighted_and_equals_resampled_te
 def test_server_averages_uploads_with_v_weights(out):
     """One round driven by hand: the uploads of the sampled clients, averaged with V_m / sum V_k, are the
     new global model; uniform aggregation (FedACD_base) gives the plain mean of the same uploads."""
-    from fl.orchestrator import Orchestrator, sample_clients
-    from fl.registry import METHODS
-    from fl.train import make_fabric
+    from fl.core.loop import Orchestrator, sample_clients
+    from fl.core.registry import METHODS
+    from fl.run.train import make_fabric
 
     for aggregation in ("v", "uniform"):
         cfg = load_config(tiny(out, "method.name=fedacd", f"method.aggregation={aggregation}", "trainer.rounds=1",
@@ -239,14 +239,14 @@ def test_server_averages_uploads_with_v_weights(out):
                 assert torch.equal(g.double(), stack.max(0).values)
         assert set(orch.store.state_dict()) == set(clients)
         for cid in clients:  # the clean-pass P the client keeps: rows of its classes sum to 1
-            P = orch.store.get(cid)["P"]
+            P = orch.store.get(cid)["kept_P"]
             present = torch.bincount(data.clients[cid].train.y, minlength=data.num_classes) > 0
             torch.testing.assert_close(P[present].sum(1), torch.ones(int(present.sum()), dtype=P.dtype))
             assert (P[~present] == 0).all()
 
 
 def test_fedacd_logs_scores_losses_and_diagnostics_that_agree(out):
-    rows = read_metrics(run(out, "method.name=fedacd", "trainer.adaptability_every=2", "data.test_split=official",
+    rows = read_metrics(run(out, "method.name=fedacd", "evaluators.adaptability.every=2", "data.test_split=official",
                             "method.p_update=running", name="acd"))
     assert len(rows) == 3
     for r in rows:
@@ -276,7 +276,7 @@ def test_every_method_reports_the_diagnostics(out, method):
 
 
 def test_one_and_two_processes_agree(out):
-    common = tiny(out, "method.name=fedacd", "trainer.rounds=2", "fabric.cpu_threads=1", "trainer.adaptability_every=1",
+    common = tiny(out, "method.name=fedacd", "trainer.rounds=2", "fabric.cpu_threads=1", "evaluators.adaptability.every=1",
                   "data.num_clients=7", "model.norm=batch")
     one = run_cli(common + ["logger.run_name=one"], cwd=out)
     two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)
@@ -303,7 +303,7 @@ def test_tinyimagenet_config_runs_on_fabricated_files(out):
     fakes.tinyimagenet(out / "data", per_class=8, n_val=6)
     args = ["conf=fedacd_tinyimagenet", f"data.root={out / 'data'}", f"logger.output_dir={out / 'outputs'}",
             "logger.run_name=tiny", "logger.wandb.mode=disabled", "logger.progress=false", "fabric.cpu_threads=1",
-            "data.num_clients=2", "data.min_client_size=1", "trainer.rounds=1", "trainer.local_epochs=1",
+            "data.num_clients=2", "data.partition.min_client_size=1", "trainer.rounds=1", "trainer.local_epochs=1",
             "trainer.participation=1.0", "trainer.batch_size=4"]
     assert main(args) == 0
     r = read_metrics(out / "outputs" / "tiny")[-1]
@@ -314,9 +314,9 @@ def test_tinyimagenet_config_runs_on_fabricated_files(out):
 def test_training_step_loss_by_hand(out, p_update):
     """Without mixup, one training step's loss is L1 + lam * L2 with A from this batch's per-class mean
     probabilities (batch) or from the clean pass of the received model (prev_epoch, first epoch)."""
-    from fl.orchestrator import Orchestrator
-    from fl.registry import METHODS
-    from fl.train import make_fabric
+    from fl.core.loop import Orchestrator
+    from fl.core.registry import METHODS
+    from fl.run.train import make_fabric
 
     cfg = load_config(tiny(out, "method.name=fedacd", "method.mixup=false", f"method.p_update={p_update}",
                            "method.lam=0.7", "method.missing_delta=0.01"))
@@ -328,7 +328,7 @@ def test_training_step_loss_by_hand(out, p_update):
     m.train()
     m.on_local_train_start()
     train = data.clients[1].train
-    x, y = orch._batch(train, torch.arange(min(16, len(train))))
+    x, y = m.make_batch(train, torch.arange(min(16, len(train))))
     out_step = m.training_step((x, y), 0)
     with torch.no_grad():
         logits = m(x).double()
@@ -342,7 +342,7 @@ def test_training_step_loss_by_hand(out, p_update):
         else:
             m.eval()
             P = torch.stack([logits.new_zeros(C)] * C)
-            allx, ally = orch._batch(train, torch.arange(len(train)))
+            allx, ally = m.make_batch(train, torch.arange(len(train)))
             allp = m(allx).double().softmax(1)
             for k in ally.unique():
                 P[k] = allp[ally == k].mean(0)

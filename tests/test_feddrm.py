@@ -11,8 +11,8 @@ from fl.data import build_data
 from fl.methods.feddrm import (FedDRMClient, FedDRMNet, el_log_weights, feddrm_loss, log_size_prior,
                                route_scores)
 from fl.methods.fedrep import FedRepClient
-from fl.orchestrator import payload_bytes
-from fl.train import main
+from fl.core.loop import payload_bytes
+from fl.run.train import main
 from tests.conftest import read_metrics, tiny
 
 
@@ -167,7 +167,7 @@ def test_real_config_runs_on_fabricated_cifar10_and_names_its_twin_without_data(
 
     fakes.cifar10(out / "data", per_batch=12)
     args = ["conf=feddrm_cifar10_dir03", f"data.root={out / 'data'}", f"logger.output_dir={out / 'outputs'}",
-            "logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients=2", "data.min_client_size=5",
+            "logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients=2", "data.partition.min_client_size=5",
             "trainer.rounds=1", "trainer.local_steps=2", "trainer.batch_size=8", "logger.run_name=real"]
     assert main(args) == 0
     row = read_metrics(out / "outputs" / "real")[-1]

@@ -9,11 +9,12 @@ import torch
 import torch.nn.functional as F
 
 import fl.data
-from fl.data import Split
+import fl.run.train
+from fl.core import Split
 from fl.methods.fedmosaic import CoTrainingServer, FedMosaicClient
-from fl.methods.fedmosaic_vote import (adaptive_lambda, check_upload, class_frequencies, confidence_u,
+from fl.methods.fedmosaic.vote import (adaptive_lambda, check_upload, class_frequencies, confidence_u,
                                        confidence_w, consensus, cotraining_loss, dp_noise, vote_scores)
-from fl.train import main
+from fl.run.train import main
 from tests.conftest import read_metrics, run_cli, tiny
 
 # 6 clients x 3 rounds x 3 local steps, a public set of 40: seconds per run
@@ -168,11 +169,11 @@ def test_schedule_pseudo_labels_and_metrics(out, monkeypatch):
         seen.append((self.round, self.cid, None if self.pseudo is None else self.pseudo.clone()))
         return train_step(self, batch, batch_idx)
 
-    def record_server(self, orch, rnd, mean, messages):
+    def record_server(self, ctx, mean, messages):
         assert mean == {}  # no parameters are shared
         for m in messages.values():  # what clients send: hard labels and one score per public example
             assert set(m) == {"pred", "conf"} and m["pred"].dtype == torch.uint8 and m["conf"].shape == (40,)
-        server_step(self, orch, rnd, mean, messages)
+        server_step(self, ctx, mean, messages)
         sent.append(self.pseudo.clone().long())
 
     monkeypatch.setattr(FedMosaicClient, "training_step", record_step)
@@ -207,7 +208,7 @@ def test_public_labels_never_reach_a_client(out, monkeypatch):
                                                          generator=torch.Generator().manual_seed(9)))
         return data
 
-    monkeypatch.setattr(fl.data, "build_data", scrambled)
+    monkeypatch.setattr(fl.run.train, "build_data", scrambled)
     other = run(out, name="scrambled")
     a, b = read_metrics(base), read_metrics(other)
     for ra, rb in zip(a, b):  # the same training; only the server-side diagnostic changes
@@ -290,7 +291,7 @@ def test_config_errors(out, capsys):
 def test_paper_models():
     from omegaconf import OmegaConf
 
-    from fl.models import build_model
+    from fl.core import build_model
 
     def model(name, shape, width=32):
         cfg = OmegaConf.create({"model": {"name": name, "width": width, "norm": "none"}})
@@ -332,9 +333,9 @@ def test_a_client_with_flipped_labels_stops_listening(out, monkeypatch):
         c0.train = Split(c0.train.x, data.num_classes - 1 - c0.train.y, c0.train.domain)
         return data
 
-    monkeypatch.setattr(fl.data, "build_data", flipped)
-    rows = read_metrics(run(out, "data.num_clients=5", "data.partition=iid", "data.samples_per_class=100",
-                            "data.noise=0.3", "model.width=16", "trainer.rounds=5", "trainer.local_steps=15",
+    monkeypatch.setattr(fl.run.train, "build_data", flipped)
+    rows = read_metrics(run(out, "data.num_clients=5", "data.partition.name=iid", "data.embedded.samples_per_class=100",
+                            "data.embedded.noise=0.3", "model.width=16", "trainer.rounds=5", "trainer.local_steps=15",
                             "trainer.evaluators=[]", "trainer.eval_every=5", name="flip"))
     late = rows[2:]
     lam = [sum(r[f"client/{c}/lambda"] for r in late) / len(late) for c in range(5)]

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from fl.methods.fedpals_qp import ess, fedpals_weights, lambda_for_ess, mismatch
-from fl.train import main
+from fl.methods.fedpals.qp import ess, fedpals_weights, lambda_for_ess, mismatch
+from fl.run.train import main
 from tests.conftest import read_metrics
 
 S2 = np.array([[0.5, 0.5, 0.0], [0.5, 0.0, 0.5]])  # the paper's synthetic clients
@@ -141,8 +141,8 @@ def test_ess_fraction_one_equals_fedavg(out):
 
 
 def test_partial_participation_resolves_per_round(out):
-    args = ["method.name=fedpals", "data.num_clients=6", "data.target=partition", "data.partition=classes",
-            "data.classes_per_client=3", "data.samples_per_class=60", "trainer.participation=0.5",
+    args = ["method.name=fedpals", "data.num_clients=6", "data.target.distribution=partition", "data.partition.name=classes",
+            "data.partition.classes_per_client=3", "data.embedded.samples_per_class=60", "trainer.participation=0.5",
             "trainer.rounds=3", "model.width=4", "logger.wandb.mode=disabled", "logger.progress=false",
             f"logger.output_dir={out / 'outputs'}", f"data.root={out / 'data'}", "logger.run_name=pp"]
     assert main(args) == 0
@@ -153,7 +153,7 @@ def test_partial_participation_resolves_per_round(out):
 
 
 def test_fedpals_needs_a_target(out, capsys):
-    assert main(synth(out, "data.target=null")) == 2
+    assert main(synth(out, "data.target.distribution=null")) == 2
     assert "data.target" in capsys.readouterr().err
-    assert main(synth(out, "data.target=[0.5,0.6,0.1]")) == 2
+    assert main(synth(out, "data.target.distribution=[0.5,0.6,0.1]")) == 2
     assert "sum" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from fl.data.sources.cifar import cifar100_fine_labels, load_cifar10, load_cifar
 from fl.data.sources.domains import load_domainnet, load_office_caltech10, load_pacs
 from fl.data.sources.mnist import load_emnist, load_fmnist
 from fl.data.sources.tinyimagenet import load_tinyimagenet
-from fl.registry import DATASETS
+from fl.core.registry import DATASETS
 from tests import fakes
 
 
@@ -279,21 +279,21 @@ def test_arrays_errors(tmp_path):
 
 def test_real_loaders_train_end_to_end(tmp_path, capsys):
     """A run as a user would start it, on fabricated CIFAR-10 and DomainNet files."""
-    from fl.train import main
+    from fl.run.train import main
 
     fakes.cifar10(tmp_path / "c10", per_batch=40, n_test=30)
     common = ["logger.wandb.mode=disabled", "logger.progress=false", "trainer.rounds=2", "model.width=4",
-              f"logger.output_dir={tmp_path / 'out'}", "data.min_client_size=2"]
+              f"logger.output_dir={tmp_path / 'out'}", "data.partition.min_client_size=2"]
     assert main(common + ["data.name=cifar10", f"data.root={tmp_path / 'c10'}", "data.num_clients=4",
-                          "data.partition=classes", "data.classes_per_client=3", "logger.run_name=c10"]) == 0
+                          "data.partition.name=classes", "data.partition.classes_per_client=3", "logger.run_name=c10"]) == 0
     assert (tmp_path / "out" / "c10" / "partition_classes.png").is_file()
     fakes.domain_folders(tmp_path / "dn", "domainnet", ["clipart", "infograph", "painting", "quickdraw", "real",
                                                         "sketch"],
                          ["bird", "feather", "headphones", "ice_cream", "teapot", "tiger", "whale", "windmill",
                           "wine_glass", "zebra"], per_class=4)
     assert main(common + ["data.name=domainnet", f"data.root={tmp_path / 'dn'}", "data.image_size=16",
-                          "data.num_clients=12", "data.partition=domains", "data.clients_per_domain=2",
-                          "data.within_domain=classes", "data.classes_per_client=5", "data.test_split=official",
+                          "data.num_clients=12", "data.partition.name=domains", "data.partition.clients_per_domain=2",
+                          "data.partition.within_domain=classes", "data.partition.classes_per_client=5", "data.test_split=official",
                           "logger.run_name=dn"]) == 0
     assert (tmp_path / "out" / "dn" / "partition_domains.png").is_file()
     assert main(common + ["data.name=cifar10", f"data.root={tmp_path / 'nothing'}", "logger.run_name=x"]) == 2

@@ -7,7 +7,8 @@ from omegaconf import OmegaConf
 
 from fl.config import Config, ConfigError
 from fl.data import partition as P
-from fl.data.base import Pool, Split
+from fl.core import Split
+from fl.data.base import Pool
 from fl.data.federate import federate
 
 K = 10
@@ -25,11 +26,12 @@ def make_pool(n_per_class=60, domains=0, official_test=True) -> Pool:
                 domain_names=[f"d{i}" for i in range(domains)])
 
 
-def data_cfg(**kw):
+def data_cfg(overrides: dict):
+    """The data config with `overrides` (dotted keys under data., e.g. "partition.name")."""
     d = OmegaConf.structured(Config).data
-    d.min_client_size = 5
-    for k, v in kw.items():
-        d[k] = v
+    d.partition.min_client_size = 5
+    for k, v in overrides.items():
+        OmegaConf.update(d, k, v, merge=False)
     return d
 
 
@@ -39,9 +41,9 @@ def ids(split: Split) -> set:
 
 def test_clients_train_test_and_public_sets_are_disjoint_and_deterministic():
     pool = make_pool(official_test=False)
-    fd = federate(pool, data_cfg(num_clients=8, public_size=50), seed=3)
-    again = federate(pool, data_cfg(num_clients=8, public_size=50), seed=3)
-    other = federate(pool, data_cfg(num_clients=8, public_size=50), seed=4)
+    fd = federate(pool, data_cfg({"num_clients": 8, "public_size": 50}), seed=3)
+    again = federate(pool, data_cfg({"num_clients": 8, "public_size": 50}), seed=3)
+    other = federate(pool, data_cfg({"num_clients": 8, "public_size": 50}), seed=4)
     seen = ids(fd.public)
     assert len(seen) == 50 and torch.equal(torch.bincount(fd.public.y), torch.full((K,), 5))
     for c in fd.clients:
@@ -70,11 +72,11 @@ def test_dirichlet_min_size_retry_and_impossible_requests_are_config_errors():
     labels = np.arange(K).repeat(50)
     parts = P.dirichlet(labels, 8, 0.3, np.random.default_rng(1), min_size=20)
     assert min(len(p) for p in parts) >= 20 and len(np.unique(np.concatenate(parts))) == 500
-    with pytest.raises(ConfigError, match="data.min_client_size"):
+    with pytest.raises(ConfigError, match="data.partition.min_client_size"):
         P.dirichlet(labels, 8, 0.3, np.random.default_rng(1), min_size=100)
-    with pytest.raises(ConfigError, match="raise data.dirichlet_alpha"):
+    with pytest.raises(ConfigError, match="raise data.partition.alpha"):
         P.dirichlet(labels, 20, 0.001, np.random.default_rng(1), min_size=24, max_tries=20)
-    with pytest.raises(ConfigError, match="data.classes_per_client"):
+    with pytest.raises(ConfigError, match="data.partition.classes_per_client"):
         P.classes(labels, 4, 11, np.random.default_rng(0))
     with pytest.raises(ConfigError, match="shards"):
         P.shards(labels, 100, 6, np.random.default_rng(0))
@@ -109,8 +111,7 @@ def test_shards_give_each_client_at_most_s_classes_of_equal_size():
 
 def test_domains_with_label_skew_is_fedmosaics_hybrid():
     pool = make_pool(n_per_class=20, domains=3)
-    d = data_cfg(num_clients=15, partition="domains", clients_per_domain=5, within_domain="classes",
-                 test_split="official")
+    d = data_cfg({"num_clients": 15, "partition.name": "domains", "partition.clients_per_domain": 5, "partition.within_domain": "classes", "test_split": "official"})
     fd = federate(pool, d, seed=0)
     for cid, c in enumerate(fd.clients):
         assert c.domain == cid // 5 and set(c.train.domain.tolist()) == {c.domain}
@@ -121,15 +122,14 @@ def test_domains_with_label_skew_is_fedmosaics_hybrid():
         held = [set(c.train.y.tolist()) for c in fd.clients if c.domain == dom]
         assert sorted(k for h in held for k in h) == list(range(K))
     with pytest.raises(ConfigError, match="clients_per_domain"):
-        federate(pool, data_cfg(num_clients=4, partition="domains", clients_per_domain=2), seed=0)
+        federate(pool, data_cfg({"num_clients": 4, "partition.name": "domains", "partition.clients_per_domain": 2}), seed=0)
     with pytest.raises(ConfigError, match="has none"):
-        federate(make_pool(), data_cfg(num_clients=4, partition="domains"), seed=0)
+        federate(make_pool(), data_cfg({"num_clients": 4, "partition.name": "domains"}), seed=0)
 
 
 def test_official_test_follows_each_clients_label_mix():
     pool = make_pool(n_per_class=60)
-    fd = federate(pool, data_cfg(num_clients=5, partition="classes", classes_per_client=2,
-                                 test_split="official"), seed=0)
+    fd = federate(pool, data_cfg({"num_clients": 5, "partition.name": "classes", "partition.classes_per_client": 2, "test_split": "official"}), seed=0)
     assert len(fd.global_test) == len(pool.test)
     for c in fd.clients:
         train_h = torch.bincount(c.train.y, minlength=K).double()
@@ -140,25 +140,24 @@ def test_official_test_follows_each_clients_label_mix():
 
 def test_data_scarcity_keeps_a_fraction_of_training_and_all_of_test():
     pool = make_pool(official_test=False)
-    full = federate(pool, data_cfg(num_clients=6), seed=1)
-    scarce = federate(pool, data_cfg(num_clients=6, train_fraction=0.25), seed=1)
+    full = federate(pool, data_cfg({"num_clients": 6}), seed=1)
+    scarce = federate(pool, data_cfg({"num_clients": 6, "train_fraction": 0.25}), seed=1)
     for a, b in zip(full.clients, scarce.clients):
         assert len(b.train) == int(0.25 * len(a.train)) and ids(b.train) <= ids(a.train)
         assert torch.equal(a.test.x, b.test.x)
-    capped = federate(pool, data_cfg(num_clients=6, max_client_train=7), seed=1)
+    capped = federate(pool, data_cfg({"num_clients": 6, "max_client_train": 7}), seed=1)
     assert max(len(c.train) for c in capped.clients) == 7
 
 
 def test_target_as_partition_and_as_a_given_distribution():
     pool = make_pool(n_per_class=60)
-    fd = federate(pool, data_cfg(num_clients=9, partition="classes", classes_per_client=2,
-                                 class_assignment="random", target="partition"), seed=0)
+    fd = federate(pool, data_cfg({"num_clients": 9, "partition.name": "classes", "partition.classes_per_client": 2, "partition.class_assignment": "random", "target.distribution": "partition"}), seed=0)
     t = fd.target
     assert len(fd.clients) == 9 and (t.distribution > 0).sum() == 2
     assert set(t.test.y.tolist()) == set(torch.nonzero(t.distribution).flatten().tolist())
     assert not ids(t.val) & set().union(*(ids(c.train) | ids(c.test) for c in fd.clients))
     want = [0.5, 0.5] + [0.0] * 8
-    fd = federate(pool, data_cfg(num_clients=4, target=want, target_val_size=10), seed=0)
+    fd = federate(pool, data_cfg({"num_clients": 4, "target.distribution": want, "target.val_size": 10}), seed=0)
     # validation and test both come from the official test split (20 per class), disjoint
     assert torch.equal(torch.bincount(fd.target.val.y, minlength=K)[:3], torch.tensor([5, 5, 0]))
     assert torch.equal(torch.bincount(fd.target.test.y, minlength=K)[:3], torch.tensor([15, 15, 0]))
@@ -166,12 +165,12 @@ def test_target_as_partition_and_as_a_given_distribution():
     assert sum(len(c.train) + len(c.test) for c in fd.clients) == len(pool.train)  # no training data taken
     for bad in ([0.5, 0.5], [1.5, -0.5] + [0.0] * 8, "someone"):
         with pytest.raises(ConfigError, match="data.target"):
-            federate(pool, data_cfg(num_clients=4, target=bad), seed=0)
+            federate(pool, data_cfg({"num_clients": 4, "target.distribution": bad}), seed=0)
 
 
 def test_pool_splits_merges_official_test_before_partitioning():
     pool = make_pool(n_per_class=30)
-    fd = federate(pool, data_cfg(num_clients=4, pool_splits=True, test_fraction=0.3), seed=0)
+    fd = federate(pool, data_cfg({"num_clients": 4, "pool_splits": True, "test_fraction": 0.3}), seed=0)
     total = sum(len(c.train) + len(c.test) for c in fd.clients)
     assert total == len(pool.train) + len(pool.test) and fd.global_test is None
 
@@ -180,10 +179,10 @@ def test_oracle_clients_follow_the_target_and_keep_their_sizes():
     pool = make_pool(n_per_class=100)
     # round robin over 9 clients + target with C=2: every class is held by two partitions, so the target's
     # classes also exist outside its own data
-    d = dict(num_clients=9, partition="classes", classes_per_client=2, class_assignment="round_robin",
-             target="partition")
-    plain = federate(pool, data_cfg(**d), seed=0)
-    oracle = federate(pool, data_cfg(**d, clients_follow_target=True), seed=0)
+    d = {"num_clients": 9, "partition.name": "classes", "partition.classes_per_client": 2,
+         "partition.class_assignment": "round_robin", "target.distribution": "partition"}
+    plain = federate(pool, data_cfg(d), seed=0)
+    oracle = federate(pool, data_cfg({**d, "target.clients_follow": True}), seed=0)
     t = oracle.target.distribution
     assert torch.equal(t, plain.target.distribution)
     seen, ratios = set(), []
@@ -200,20 +199,18 @@ def test_oracle_clients_follow_the_target_and_keep_their_sizes():
 def test_held_out_target_domain_with_dropped_labels_and_a_small_client():
     """FedPALS' PACS protocol: a held-out target domain, client k loses label k, client 2 keeps 10%."""
     pool = make_pool(n_per_class=40, domains=3)
-    d = data_cfg(num_clients=3, partition="iid", target_domain="d2", target_drop_labels=[2],
-                 drop_labels=[[0], [1], [2]], client_train_fraction=[1.0, 1.0, 0.1])
+    d = data_cfg({"num_clients": 3, "partition.name": "iid", "target.domain": "d2", "target.drop_labels": [2], "drop_labels": [[0], [1], [2]], "client_train_fraction": [1.0, 1.0, 0.1]})
     fd = federate(pool, d, seed=0)
     for k, c in enumerate(fd.clients):
         assert k not in c.train.y.tolist() and k not in c.test.y.tolist()
         assert set(c.train.domain.tolist()) <= {0, 1}  # the target domain never reaches a client
-    full = federate(pool, data_cfg(num_clients=3, partition="iid", target_domain="d2", target_drop_labels=[2],
-                                   drop_labels=[[0], [1], [2]]), seed=0)
+    full = federate(pool, data_cfg({"num_clients": 3, "partition.name": "iid", "target.domain": "d2", "target.drop_labels": [2], "drop_labels": [[0], [1], [2]]}), seed=0)
     assert len(fd.clients[2].train) == int(0.1 * len(full.clients[2].train))
     t = fd.target
     assert set(t.test.domain.tolist()) == {2} and set(t.val.domain.tolist()) == {0, 1}
     assert 2 not in t.test.y.tolist() and 2 not in t.val.y.tolist() and float(t.distribution[2]) == 0
     assert len(t.test) == 9 * (40 + 13)  # every sample of the target domain but label 2, both splits
-    with pytest.raises(ConfigError, match="data.target_domain"):
-        federate(pool, data_cfg(num_clients=3, partition="iid", target_domain="d9"), seed=0)
+    with pytest.raises(ConfigError, match="data.target.domain"):
+        federate(pool, data_cfg({"num_clients": 3, "partition.name": "iid", "target.domain": "d9"}), seed=0)
     with pytest.raises(ConfigError, match="data.drop_labels"):
-        federate(pool, data_cfg(num_clients=3, partition="iid", drop_labels=[[0]]), seed=0)
+        federate(pool, data_cfg({"num_clients": 3, "partition.name": "iid", "drop_labels": [[0]]}), seed=0)

@@ -8,13 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from fl.config import load_config
-from fl.data import batch_indices, build_data
+from fl.core import batch_indices
+from fl.data import build_data
 from fl.methods.fedphp import hpm_weight
 from fl.methods.perfedavg import hessian_vector_fd, loss_and_grad
 from fl.methods.pfedme import solve_inner
-from fl.orchestrator import Orchestrator, sample_clients
-from fl.seeding import generator
-from fl.train import main
+from fl.core.loop import Orchestrator, sample_clients
+from fl.core.seeding import generator
+from fl.run.train import main
 from tests.conftest import initial_model, load_ckpt as ckpt, run_tiny as run, read_metrics, run_cli, tiny
 
 
@@ -288,4 +289,4 @@ def test_paper_configs_and_their_synthetic_twins_load(conf, method, hp):
     assert real.method.name == twin.method.name == method
     assert all(real.method[k] == twin.method[k] == v for k, v in hp.items())
     assert twin.data.name.startswith("embedded") and not real.data.name.startswith("embedded")
-    assert real.data.partition == twin.data.partition and real.trainer.participation == twin.trainer.participation
+    assert real.data.partition.name == twin.data.partition.name and real.trainer.participation == twin.trainer.participation

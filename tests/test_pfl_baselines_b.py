@@ -13,11 +13,11 @@ from fl.data import build_data
 from fl.methods.fedbabu import FedBABUClient
 from fl.methods.fedbn import FedBNClient, batchnorm_prefixes
 from fl.methods.fedpac import FedPACServer
-from fl.methods.fedpac_qp import combination_weights
+from fl.methods.fedpac.qp import combination_weights
 from fl.methods.fedrod import FedRoDClient, balanced_softmax_loss
 from fl.methods.lg_fedavg import LGFedAvgClient
-from fl.orchestrator import sample_clients
-from fl.train import main
+from fl.core.loop import sample_clients
+from fl.run.train import main
 from tests.conftest import initial_model, load_ckpt as ckpt, run_tiny as run, read_metrics, run_cli, tiny
 
 
@@ -73,8 +73,8 @@ def test_fedbabu_head_stays_at_init_during_training_and_is_finetuned_at_evaluati
     tuned = []
     original = FedBABUClient.personalize
 
-    def personalize(self, orch, cid):
-        original(self, orch, cid)
+    def personalize(self):
+        original(self)
         tuned.append({k: v.detach().cpu().clone() for k, v in self.state_dict().items()})
 
     monkeypatch.setattr(FedBABUClient, "personalize", personalize)
@@ -219,10 +219,10 @@ def test_fedpac_statistics_centroids_and_combined_heads(out, monkeypatch):
     captured = []
     original = FedPACServer.server_step
 
-    def server_step(self, orch, rnd, mean, messages):
+    def server_step(self, ctx, mean, messages):
         before = {"mean": self.centroid_mean.clone(), "has": self.centroid_has.clone()}
-        original(self, orch, rnd, mean, messages)
-        captured.append((rnd, messages, before, {c: dict(h) for c, h in self.heads.items()}))
+        original(self, ctx, mean, messages)
+        captured.append((ctx.round, messages, before, {c: dict(h) for c, h in self.heads.items()}))
 
     monkeypatch.setattr(FedPACServer, "server_step", server_step)
     run_dir = run(out, *extra, name="pac")
@@ -315,4 +315,4 @@ def test_paper_config_fails_cleanly_without_data_and_its_twin_runs(out, conf, ca
     cfg = load_config([f"conf={conf}_synthetic"])
     assert cfg.method.name == load_config([f"conf={conf}"]).method.name
     assert main([f"conf={conf}_synthetic", f"data.root={out / 'data'}", "trainer.rounds=1", "trainer.local_steps=2",
-                 "data.samples_per_class=20", "data.min_client_size=5", "trainer.evaluators=[]", "logger.run_name=twin", *common]) == 0
+                 "data.embedded.samples_per_class=20", "data.partition.min_client_size=5", "trainer.evaluators=[]", "logger.run_name=twin", *common]) == 0

@@ -9,21 +9,26 @@ import pytest
 import yaml
 
 from conftest import run_cli
-from fl.metrics.summary import summarize_history
-from fl.report import ReportError, group_runs, load_local, load_wandb, table_rows, write_report
+from fl.core import METHODS, load_plugins
+from fl.report.summary import summarize_history
+from fl.report.cli import write_report
+from fl.report.runs import ReportError, load_local
+from fl.report.tables import group_runs, table_rows
+from fl.report.wandb_access import load_wandb
 
 LAST_K = 2
+load_plugins()  # the methods' registrations hold their headline metrics
 
 
 def fake_run(root: Path, name: str, method: dict, seed: int, acc: list[float], data: dict | None = None,
              extra: dict | None = None) -> Path:
     """A run directory like fl.train's: config.yaml, metrics.jsonl (evaluations every other round) and
-    summary.json computed from it by fl.metrics.summary."""
+    summary.json computed from it by fl.report.summary."""
     run = root / name
     run.mkdir(parents=True)
     config = {"seed": seed, "method": method, "trainer": {"rounds": 2 * len(acc), "last_k": LAST_K},
-              "data": {"name": "embedded", "partition": "dirichlet", "dirichlet_alpha": 0.5, "partition_seed": None,
-                       **(data or {})},
+              "data": {"name": "embedded", "partition": {"name": "dirichlet", "alpha": 0.5, "seed": None,
+                                                         **(data or {})}},
               "logger": {"output_dir": str(root)}}
     (run / "config.yaml").write_text("# partition fingerprint: abc\n" + yaml.safe_dump(config))
     history = []
@@ -35,7 +40,7 @@ def fake_run(root: Path, name: str, method: dict, seed: int, acc: list[float], d
         history.append(row)
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
     summary = summarize_history(history, LAST_K)
-    summary.update({"method": method["name"], "seed": seed})
+    summary.update({"method": method["name"], "seed": seed, "headline": METHODS[method["name"]].headline})
     (run / "summary.json").write_text(json.dumps(summary))
     return run
 
@@ -111,26 +116,26 @@ def test_variants_settings_and_headline(tmp_path):
             fake_run(root, f"prox-{mu}-s{seed}", {"name": "fedprox", "mu": mu}, seed, [0.3, 0.4 + mu])
         for alpha in (0.1, 1.0):
             fake_run(root, f"avg-{alpha}-s{seed}", {"name": "fedavg"}, seed, [0.3, 0.5],
-                     data={"dirichlet_alpha": alpha})
+                     data={"alpha": alpha})
         fake_run(root, f"pals-s{seed}", {"name": "fedpals", "ess_frac": 0.5}, seed, [0.3, 0.6],
                  extra={"test/target_acc": lambda i: 0.5 + 0.1 * i + 0.01 * seed,
                         "val/target_acc": lambda i: 0.9 - 0.1 * i})
     groups = group_runs(load_local([root])[0])
     keys = set(groups)
-    assert ("embedded/dirichlet dirichlet_alpha=0.5", "fedprox mu=0.01") in keys
-    assert ("embedded/dirichlet dirichlet_alpha=0.5", "fedprox mu=0.1") in keys
-    assert ("embedded/dirichlet dirichlet_alpha=0.1", "fedavg") in keys
-    assert ("embedded/dirichlet dirichlet_alpha=0.5", "fedpals") in keys  # its one ess_frac is not a variant
+    assert ("embedded/dirichlet partition.alpha=0.5", "fedprox mu=0.01") in keys
+    assert ("embedded/dirichlet partition.alpha=0.5", "fedprox mu=0.1") in keys
+    assert ("embedded/dirichlet partition.alpha=0.1", "fedavg") in keys
+    assert ("embedded/dirichlet partition.alpha=0.5", "fedpals") in keys  # its one ess_frac is not a variant
     assert all(len(g) == 2 for g in groups.values())
     rows = {(r["setting"], r["method"]): r for r in table_rows(groups, ["test/acc_mean_clients"])}
-    pals = rows[("embedded/dirichlet dirichlet_alpha=0.5", "fedpals")]
+    pals = rows[("embedded/dirichlet partition.alpha=0.5", "fedpals")]
     assert pals["headline"] == "test/target_acc"
     mean, std, n = pals["cells"]["test/target_acc"]["final"]
     assert n == 2 and mean == pytest.approx(0.605) and std == pytest.approx(statistics.stdev([0.6, 0.61]))
     # model selection on the target validation set picks the first evaluation (val is highest there)
     assert pals["cells"]["test/target_acc"]["best_val"][0] == pytest.approx(0.505)
     # a baseline on FedPALS' setting is read on the setting's headline too
-    assert rows[("embedded/dirichlet dirichlet_alpha=0.5", "fedprox mu=0.1")]["headline"] == "test/target_acc"
+    assert rows[("embedded/dirichlet partition.alpha=0.5", "fedprox mu=0.1")]["headline"] == "test/target_acc"
 
 
 def test_unfinished_runs_are_skipped_with_a_note_and_cli_writes_into_the_sweep_dir(runs_dir):
@@ -151,6 +156,7 @@ class FakeWandbRun:
         self.name, self.state, self.url = run_dir.name, state, f"https://wandb.ai/x/{run_dir.name}"
         self.config = yaml.safe_load((run_dir / "config.yaml").read_text())
         self.rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        self.summary = {"headline": json.loads((run_dir / "summary.json").read_text())["headline"]}  # as fl.train logs it
 
     def scan_history(self):
         for row in self.rows:  # W&B splits a round over several log calls; the report merges them
@@ -202,7 +208,7 @@ def test_wandb_dashboard_offline_summaries_table_and_plots(tmp_path, monkeypatch
     from omegaconf import OmegaConf
 
     from fl.config import load_config
-    from fl.loggers import wandb_logger_cls
+    from fl.run.loggers import wandb_logger_cls
 
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))

@@ -5,7 +5,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from fl.config import ConfigError
-from fl.models import build_model
+from fl.core import build_model
 
 
 def make(name, shape, classes=10, **model):

@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from fl.config import load_config
-from fl.data import batch_indices, build_data
-from fl.orchestrator import sample_clients
-from fl.seeding import generator
-from fl.train import main
+from fl.core import batch_indices
+from fl.data import build_data
+from fl.core.loop import sample_clients
+from fl.core.seeding import generator
+from fl.run.train import main
 from tests.conftest import initial_model, load_ckpt as ckpt, run_tiny as run, read_metrics, run_cli, tiny
 
 
@@ -101,7 +102,7 @@ def test_equals_a_hand_written_scaffold_loop(out):
 def test_fp16_loss_scaling_scales_the_correction_with_the_gradients(out, monkeypatch):
     """Under 16-mixed, grads stay multiplied by the loss scale until opt.step unscales them; an unscaled
     correction would all but vanish (the run would be close to FedAvg, ~15% away here, instead of ~1e-4)."""
-    import fl.train
+    import fl.run.train
     from lightning.fabric import Fabric
     from lightning.fabric.plugins.precision import MixedPrecision
 
@@ -114,7 +115,7 @@ def test_fp16_loss_scaling_scales_the_correction_with_the_gradients(out, monkeyp
         return Fabric(accelerator="cpu", devices=1, callbacks=callbacks, loggers=loggers,
                       plugins=[MixedPrecision("16-mixed", "cpu", scaler)])
 
-    monkeypatch.setattr(fl.train, "make_fabric", fp16_fabric)
+    monkeypatch.setattr(fl.run.train, "make_fabric", fp16_fabric)
     got = ckpt(run(out, *extra, name="fp16"))["server"]
     for part in ("global_params", "control"):
         for k, v in ref[part].items():

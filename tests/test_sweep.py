@@ -9,9 +9,9 @@ import yaml
 
 from conftest import ROOT, TINY, run_cli
 from fl.config import ConfigError, load_config
-from fl.sweep import Job, train_argv
-from fl.sweep import main as sweep_main
-from fl.sweep_spec import expand, grid_values, load_sweep, parse_sweep, point_args
+from fl.sweep.runner import Job, train_argv
+from fl.sweep.runner import main as sweep_main
+from fl.sweep.spec import expand, grid_values, load_sweep, parse_sweep, point_args
 
 BASE = {
     "program": "fl.train",

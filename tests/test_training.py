@@ -10,15 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl.client import ClientModule
+from fl.core import ClientModule
 from fl.config import MethodConfig, load_config
-from fl.data import batch_indices, build_data
-from fl.models import build_model
-from fl.orchestrator import Orchestrator, sample_clients
-from fl.registry import register_method
-from fl.seeding import generator, seed_torch
-from fl.server import Server
-from fl.train import main
+from fl.core import batch_indices
+from fl.data import build_data
+from fl.core import build_model
+from fl.core.loop import Orchestrator, sample_clients
+from fl.core.registry import register_method
+from fl.core.seeding import generator, seed_torch
+from fl.core import Server
+from fl.run.train import main
 from tests.conftest import ROOT, read_metrics, run_cli, run_tiny, tiny
 
 
@@ -226,7 +227,7 @@ def test_optimizer_state_is_kept_per_client_and_local_steps_count_steps(out):
 
 def test_kept_optimizer_state_follows_the_round_schedule(out):
     """A restored optimizer state carries last round's lr; the round's scheduled lr must replace it."""
-    from fl.client import round_lr
+    from fl.core import round_lr
 
     extra = ("optim.round_schedule=cosine", "trainer.local_steps=2", "trainer.participation=1.0")
     kept = run(out, "method.name=test_keep_momentum", "optim.momentum=0.9", *extra, name="cos")

@@ -4,10 +4,11 @@ import math
 import pytest
 import torch
 
-from fl.data import batch_indices
-from fl.metrics import summarize_clients, summarize_history
-from fl.orchestrator import WeightedSum, sample_clients
-from fl.seeding import derive_seed, generator
+from fl.core import batch_indices
+from fl.core import summarize_clients
+from fl.report.summary import summarize_history
+from fl.core.loop import WeightedSum, sample_clients
+from fl.core.seeding import derive_seed, generator
 
 
 def test_batch_indices_epochs_cover_each_sample_once_per_pass():
@@ -77,7 +78,7 @@ def test_history_summary_final_best_last_k():
 
 def test_round_cosine_schedule_matches_the_formula():
     """eta_t = min_lr + (lr - min_lr)(1 + cos(pi t / R)) / 2, stepped once per round (FedDRM's schedule)."""
-    from fl.client import round_lr
+    from fl.core import round_lr
     from fl.config import load_config
 
     cfg = load_config(["optim.lr=0.01", "optim.round_schedule=cosine", "trainer.rounds=800"])
@@ -89,8 +90,8 @@ def test_round_cosine_schedule_matches_the_formula():
 
 
 def test_augmentations_are_seeded_and_keep_shapes():
-    from fl.data.augment import augment
-    from fl.seeding import generator
+    from fl.core import augment
+    from fl.core.seeding import generator
 
     x = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8)
     names = ["flip", "crop", "resized_crop", "rotate"]

@@ -1,4 +1,4 @@
-"""Training-time augmentation of image batches (`data.augment`), on the device, before normalisation.
+"""Training-time augmentations of image batches (`data.augment`), on the device, before normalisation.
 
 Each transform draws its per-sample parameters from the client's seeded generator, so a run is
 reproducible and two methods see the same augmented batches when they draw the same batches.
@@ -7,19 +7,22 @@ Images are [B, C, H, W] (uint8 or float); transforms use torchvision's functiona
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import torch
 from torch import Tensor
 from torchvision.transforms.v2 import functional as TF
 
+from fl.core import register_augmentation
 
+
+@register_augmentation("flip")
 def _flip(x: Tensor, gen: torch.Generator) -> Tensor:
     """Horizontal flip with probability 1/2."""
     flip = torch.rand(len(x), generator=gen) < 0.5
     return torch.where(flip.to(x.device).view(-1, 1, 1, 1), x.flip(-1), x)
 
 
+@register_augmentation("crop")
 def _crop(x: Tensor, gen: torch.Generator, pad: int = 4) -> Tensor:
     """Random crop of the original size from the image zero-padded by `pad` pixels (CIFAR's standard)."""
     h, w = x.shape[-2:]
@@ -29,6 +32,7 @@ def _crop(x: Tensor, gen: torch.Generator, pad: int = 4) -> Tensor:
     return torch.stack([padded[i, :, a:a + h, b:b + w] for i, (a, b) in enumerate(zip(dy, dx))])
 
 
+@register_augmentation("resized_crop")
 def _resized_crop(x: Tensor, gen: torch.Generator, scale=(0.9, 1.0), ratio=(3 / 4, 4 / 3)) -> Tensor:
     """RandomResizedCrop back to the input size (FedDRM: scale 0.9-1). Follows torchvision's sampling:
     area share and log-uniform aspect ratio, falling back to the whole image if the box does not fit."""
@@ -46,20 +50,8 @@ def _resized_crop(x: Tensor, gen: torch.Generator, scale=(0.9, 1.0), ratio=(3 / 
     return torch.stack(out)
 
 
+@register_augmentation("rotate")
 def _rotate(x: Tensor, gen: torch.Generator, degrees: float = 30.0) -> Tensor:
     """Rotation by a uniform angle in [-degrees, degrees] (FedBN's Office/DomainNet protocol)."""
     angles = torch.empty(len(x)).uniform_(-degrees, degrees, generator=gen).tolist()
     return torch.stack([TF.rotate(img, a) for img, a in zip(x, angles)])
-
-
-AUGMENTATIONS: dict[str, Callable[[Tensor, torch.Generator], Tensor]] = {
-    "flip": _flip, "crop": _crop, "resized_crop": _resized_crop, "rotate": _rotate}
-
-
-def augment(x: Tensor, names, gen: torch.Generator) -> Tensor:
-    """Apply the named transforms in order; inputs that are not images ([B, C, H, W]) are refused."""
-    if names and x.dim() != 4:
-        raise ValueError(f"data.augment={list(names)} needs image batches [B, C, H, W]; got shape {tuple(x.shape)}")
-    for name in names:
-        x = AUGMENTATIONS[name](x, gen)
-    return x

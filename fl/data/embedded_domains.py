@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as nnf
 from torch import Tensor
 
-from fl.data.base import Pool, Split
-from fl.seeding import derive_seed
+from fl.core import derive_seed, Split
+from fl.data.base import Pool
 
 GENERATION_SEED = 20261122
 STYLES = ("photo", "sketch", "noisy", "painted", "cartoon", "neon")

@@ -11,8 +11,9 @@ from omegaconf import DictConfig
 
 from fl.config import ConfigError
 from fl.data import partition as P
-from fl.data.base import ClientData, FederatedData, Pool, Split, Target
-from fl.seeding import derive_seed
+from fl.core import ClientData, derive_seed, FederatedData, Split, Target
+from fl.data.base import Pool
+from fl.data.transforms import CLIENT_TRANSFORMS
 
 
 def _rng(seed: int, purpose: str) -> np.random.Generator:
@@ -26,16 +27,16 @@ def _keys(split: Split, num_classes: int) -> np.ndarray:
 
 
 def parse_target(target, num_classes: int) -> Optional[np.ndarray]:
-    """`data.target`: null, "partition" (one more partition made like the clients'), or K probabilities."""
+    """`data.target.distribution`: null, "partition" (one more partition made like the clients'), or K probabilities."""
     if target is None or target == "partition":
         return None
     try:
         t = np.asarray(list(target), dtype=np.float64)
     except (TypeError, ValueError):
-        raise ConfigError(f"data.target={target!r} must be null, 'partition' or a list of {num_classes} "
+        raise ConfigError(f"data.target.distribution={target!r} must be null, 'partition' or a list of {num_classes} "
                           "probabilities") from None
     if t.shape != (num_classes,) or (t < 0).any() or abs(t.sum() - 1) > 1e-6:
-        raise ConfigError(f"data.target must have {num_classes} non-negative entries summing to 1; "
+        raise ConfigError(f"data.target.distribution must have {num_classes} non-negative entries summing to 1; "
                           f"got {len(t)} entries summing to {t.sum():.4g}")
     return t
 
@@ -59,38 +60,39 @@ def proportional_sample(keys: np.ndarray, want: np.ndarray, rng: np.random.Gener
 def partition_positions(labels: np.ndarray, domains: Optional[np.ndarray], d: DictConfig, num_parts: int,
                         rng: np.random.Generator) -> list[np.ndarray]:
     """Positions (into `labels`) of each client under `data.partition`."""
-    if d.partition == "iid":
+    p = d.partition
+    if p.name == "iid":
         return P.iid(len(labels), num_parts, rng)
-    if d.partition == "dirichlet":
-        return P.dirichlet(labels, num_parts, d.dirichlet_alpha, rng, d.min_client_size, d.dirichlet_balance)
-    if d.partition == "dirichlet_per_client":
-        size = d.samples_per_client or len(labels) // num_parts
-        return P.dirichlet_per_client(labels, num_parts, d.dirichlet_alpha, rng, size)
-    if d.partition == "classes":
-        return P.classes(labels, num_parts, d.classes_per_client, rng, d.class_assignment)
-    if d.partition == "shards":
-        return P.shards(labels, num_parts, d.shards_per_client, rng)
+    if p.name == "dirichlet":
+        return P.dirichlet(labels, num_parts, p.alpha, rng, p.min_client_size, p.balance)
+    if p.name == "dirichlet_per_client":
+        size = p.samples_per_client or len(labels) // num_parts
+        return P.dirichlet_per_client(labels, num_parts, p.alpha, rng, size)
+    if p.name == "classes":
+        return P.classes(labels, num_parts, p.classes_per_client, rng, p.class_assignment)
+    if p.name == "shards":
+        return P.shards(labels, num_parts, p.shards_per_client, rng)
     # domains: clients_per_domain clients per domain, with `within_domain` skew inside each domain
     if domains is None:
-        raise ConfigError(f"data.partition=domains needs a dataset with domains; data.name={d.name!r} has none")
+        raise ConfigError(f"data.partition.name=domains needs a dataset with domains; data.name={d.name!r} has none")
     parts = []
     for dom in np.unique(domains):
         where = np.flatnonzero(domains == dom)
-        sub = P.iid(len(where), d.clients_per_domain, rng) if d.within_domain == "iid" else (
-            P.classes(labels[where], d.clients_per_domain, d.classes_per_client, rng, d.class_assignment)
-            if d.within_domain == "classes" else
-            P.dirichlet(labels[where], d.clients_per_domain, d.dirichlet_alpha, rng, d.min_client_size,
-                        d.dirichlet_balance))
+        sub = P.iid(len(where), p.clients_per_domain, rng) if p.within_domain == "iid" else (
+            P.classes(labels[where], p.clients_per_domain, p.classes_per_client, rng, p.class_assignment)
+            if p.within_domain == "classes" else
+            P.dirichlet(labels[where], p.clients_per_domain, p.alpha, rng, p.min_client_size,
+                        p.balance))
         parts += [where[s] for s in sub]
     if num_parts != len(parts):
         raise ConfigError(f"data.num_clients={num_parts} must equal the number of domains x "
-                          f"data.clients_per_domain = {len(parts)} for data.partition=domains")
+                          f"data.partition.clients_per_domain = {len(parts)} for data.partition.name=domains")
     return parts
 
 
 def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
     K = pool.num_classes
-    target_dist = parse_target(d.target, K)
+    target_dist = parse_target(d.target.distribution, K)
     source, official = pool.train, pool.test
     fine = pool.fine_labels
     if d.pool_splits and official is not None:  # FedDRM partitions the pooled train+test data
@@ -99,10 +101,10 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
     elif fine is not None:
         fine = fine[0]
     domain_target = None
-    if d.target_domain is not None:  # a held-out domain is the target (FedPALS' PACS protocol)
+    if d.target.domain is not None:  # a held-out domain is the target (FedPALS' PACS protocol)
         source, official, domain_target = _hold_out_target_domain(pool, source, official, d)
         target_dist = domain_target.distribution.numpy()
-    need_official = d.test_split == "official" or d.target is not None
+    need_official = d.test_split == "official" or d.target.distribution is not None
     n = len(source)
     free = np.ones(n, dtype=bool)
     keys = _keys(source, K)
@@ -120,17 +122,18 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
     target_val = target_taken = None
     if target_dist is not None and domain_target is None:  # validation from the official test split, disjoint
         # from the target test
-        target_val = proportional_sample(official.y.numpy(), target_dist, _rng(seed, "target"), size=d.target_val_size)
+        target_val = proportional_sample(official.y.numpy(), target_dist, _rng(seed, "target"),
+                                        size=d.target.val_size)
         target_taken = np.zeros(len(official), dtype=bool)
         target_taken[target_val] = True
 
-    if d.partition_labels == "fine" and fine is None:
-        raise ConfigError(f"data.partition_labels=fine needs a dataset with fine labels (cifar20); "
+    if d.partition.labels == "fine" and fine is None:
+        raise ConfigError(f"data.partition.labels=fine needs a dataset with fine labels (cifar20); "
                           f"data.name={d.name!r} has none")
     avail = np.flatnonzero(free)
-    labels = (fine if d.partition_labels == "fine" else source.y).numpy()[avail]
+    labels = (fine if d.partition.labels == "fine" else source.y).numpy()[avail]
     domains = None if source.domain is None else source.domain.numpy()[avail]
-    num_parts = d.num_clients + (1 if d.target == "partition" else 0)
+    num_parts = d.num_clients + (1 if d.target.distribution == "partition" else 0)
     parts = [avail[p] for p in partition_positions(labels, domains, d, num_parts, _rng(seed, "partition"))]
     if d.drop_labels is not None:  # per-client labels removed (FedPALS' PACS: client k loses label k)
         drops = _per_client(d.drop_labels, d.num_clients, "data.drop_labels")
@@ -138,10 +141,10 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
         parts = [p[~np.isin(y_all[p], np.atleast_1d(drop))] if i < len(drops) else p
                  for i, (p, drop) in enumerate(zip(parts, drops + [[]] * (len(parts) - len(drops))))]
     val_split = official
-    if d.target == "partition":  # the extra partition is the target; its samples are its validation set
+    if d.target.distribution == "partition":  # the extra partition is the target; its samples are its validation set
         target_val, val_split = parts.pop(), source
         target_dist = np.bincount(source.y.numpy()[target_val], minlength=K) / len(target_val)
-    if d.clients_follow_target:  # FedPALS' Oracle: every client's data redrawn with the target's label mix
+    if d.target.clients_follow:  # FedPALS' Oracle: every client's data redrawn with the target's label mix
         usable = free.copy()
         if val_split is source:
             usable[target_val] = False
@@ -195,16 +198,16 @@ def _per_client(values, num_clients: int, key: str) -> list:
 
 
 def _hold_out_target_domain(pool: Pool, source: Split, official: Optional[Split], d: DictConfig):
-    """Remove `data.target_domain` from the clients' pool. Its samples (both splits), without
-    `data.target_drop_labels`, are the target test set; the source domains' test split, without those
+    """Remove `data.target.domain` from the clients' pool. Its samples (both splits), without
+    `data.target.drop_labels`, are the target test set; the source domains' test split, without those
     labels, is the target validation set; T is the target test's label mix."""
-    if d.target_domain not in pool.domain_names:
-        raise ConfigError(f"data.target_domain={d.target_domain!r} is not a domain of {d.name!r}; choices: "
+    if d.target.domain not in pool.domain_names:
+        raise ConfigError(f"data.target.domain={d.target.domain!r} is not a domain of {d.name!r}; choices: "
                           f"{', '.join(pool.domain_names) or 'none (the dataset has no domains)'}")
-    if official is None or d.target is not None:
-        raise ConfigError("data.target_domain needs a dataset with a test split and data.target=null")
-    dom = pool.domain_names.index(d.target_domain)
-    drop = torch.tensor(list(d.target_drop_labels), dtype=torch.int64)
+    if official is None or d.target.distribution is not None:
+        raise ConfigError("data.target.domain needs a dataset with a test split and data.target.distribution=null")
+    dom = pool.domain_names.index(d.target.domain)
+    drop = torch.tensor(list(d.target.drop_labels), dtype=torch.int64)
     keep = lambda split, mask: split.subset(torch.nonzero(mask & ~torch.isin(split.y, drop)).flatten())  # noqa: E731
     test = Split.cat([keep(source, source.domain == dom), keep(official, official.domain == dom)])
     val = keep(official, official.domain != dom)
@@ -219,7 +222,7 @@ def _follow_target(parts: list[np.ndarray], labels: np.ndarray, avail: np.ndarra
     """Each client keeps its size n_i (scaled down if the pool runs short) but draws its samples from the
     whole usable pool, without replacement across clients, with the target's label proportions."""
     if target is None:
-        raise ConfigError("data.clients_follow_target=true needs data.target")
+        raise ConfigError("data.target.clients_follow=true needs data.target.distribution or data.target.domain")
     have = np.bincount(labels[avail], minlength=len(target))
     sizes = np.array([len(p) for p in parts], dtype=float)
     need = target * sizes.sum()
@@ -242,8 +245,6 @@ def _follow_target(parts: list[np.ndarray], labels: np.ndarray, avail: np.ndarra
 def _apply_client_transform(clients: list[ClientData], d: DictConfig, seed: int) -> None:
     """Per-client covariate shift (FedDRM colour transforms, pFedFDA CIFAR-S corruptions), applied once
     to both the client's train and test data: each client's test set follows its own distribution."""
-    from fl.data.transforms import CLIENT_TRANSFORMS
-
     fn = CLIENT_TRANSFORMS[d.client_transform]
     for cid, c in enumerate(clients):
         if c.train.x.dtype != torch.uint8:

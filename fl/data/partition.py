@@ -22,7 +22,7 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random
     clients ~ Dir(alpha); redrawn whole until every client holds at least `min_size` samples.
     `balance`: a client already holding N/M samples gets no more (fedlab's and pFedFDA's trick)."""
     n = len(labels)
-    _check_enough(n, num_clients, min_size, "data.min_client_size")
+    _check_enough(n, num_clients, min_size, "data.partition.min_client_size")
     classes = np.unique(labels)
     for _ in range(max_tries):
         parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
@@ -40,7 +40,7 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random
         if sizes.min() >= min_size:
             return [np.sort(np.concatenate(client)) for client in parts]
     raise ConfigError(f"no Dirichlet(alpha={alpha}) split gave every one of {num_clients} clients >= {min_size} "
-                      f"samples in {max_tries} draws; lower data.min_client_size or raise data.dirichlet_alpha")
+                      f"samples in {max_tries} draws; lower data.partition.min_client_size or raise data.partition.alpha")
 
 
 def dirichlet_per_client(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator,
@@ -48,7 +48,7 @@ def dirichlet_per_client(labels: np.ndarray, num_clients: int, alpha: float, rng
     """FedPALS' per-client label skew: client i's label proportions p_i ~ Dir_K(alpha); it draws size * p_i(k)
     samples of class k without replacement (renormalising over the classes not yet exhausted)."""
     classes = np.unique(labels)
-    _check_enough(len(labels), num_clients, size, "data.samples_per_client")
+    _check_enough(len(labels), num_clients, size, "data.partition.samples_per_client")
     pools = {c: list(rng.permutation(np.flatnonzero(labels == c))) for c in classes}
     parts = []
     for _ in range(num_clients):
@@ -78,7 +78,7 @@ def class_sets(num_clients: int, num_classes: int, per_client: int, rng: np.rand
       used equally often and, when M*C = K, cover the classes disjointly (FedMosaic's hybrid split);
     random: NIID-Bench '#C=k' (FedPALS): client p holds class p mod K plus C-1 others drawn at random."""
     if per_client > num_classes:
-        raise ConfigError(f"data.classes_per_client={per_client} exceeds the {num_classes} classes available")
+        raise ConfigError(f"data.partition.classes_per_client={per_client} exceeds the {num_classes} classes available")
     if assignment == "round_robin":
         perm = rng.permutation(num_classes)
         return [np.sort(perm[(np.arange(per_client) + p * per_client) % num_classes]) for p in range(num_clients)]
@@ -116,7 +116,7 @@ def shards(labels: np.ndarray, num_clients: int, per_client: int, rng: np.random
     shards to each client."""
     num_shards = num_clients * per_client
     if num_shards > len(labels):
-        raise ConfigError(f"data.num_clients x data.shards_per_client = {num_shards} shards exceed the "
+        raise ConfigError(f"data.num_clients x data.partition.shards_per_client = {num_shards} shards exceed the "
                           f"{len(labels)} samples")
     order = np.argsort(labels, kind="stable")
     size = len(labels) // num_shards

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import torch
 
+from fl.config import ConfigError, load_config
+from fl.data import build_data
+from fl.data.plots import partition_heatmaps
+
 
 def describe(data) -> str:
     counts = data.label_counts("train")
@@ -35,10 +39,6 @@ def describe(data) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fl.config import ConfigError, load_config
-    from fl.data import build_data
-    from fl.data.plots import partition_heatmaps
-
     argv = sys.argv[1:] if argv is None else argv
     png = next((a.split("=", 1)[1] for a in argv if a.startswith("png=")), None)
     try:

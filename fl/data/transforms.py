@@ -31,7 +31,7 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 from torch import Tensor
 
-from fl.seeding import derive_seed
+from fl.core import derive_seed
 
 
 def _check_images(x: Tensor) -> None:

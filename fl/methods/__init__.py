@@ -1,8 +1,10 @@
-"""Importing this package registers every method (one module each)."""
-from fl.methods import centralized, fedavg, fedavg_ft, fedpals, fedper, fedprox, local, scaffold  # noqa: F401
-from fl.methods import fedct, fedmosaic  # noqa: F401,E402  (FedMosaic and its FedCT baseline)
-from fl.methods import pfedfda  # noqa: F401,E402
-from fl.methods import feddrm, fedrep  # noqa: F401,E402  (FedDRM and its FedRep baseline)
-from fl.methods import fedacd  # noqa: F401,E402
-from fl.methods import fedbabu, fedbn, fedpac, fedrod, lg_fedavg  # noqa: F401,E402  (issue 10 baselines)
-from fl.methods import apfl, ditto, fedphp, perfedavg, pfedme  # noqa: F401,E402  (issue 10 baselines)
+"""Every method, one module (or a folder, when it has helpers) each; importing this package registers them.
+
+The five papers: FedPALS (fedpals/), FedDRM (feddrm.py), FedMosaic (fedmosaic/, with FedCT), pFedFDA
+(pfedfda/), FedACD (fedacd/). Their baselines: FedAvg, FedProx, FedAvg-FT, FedPer, Local, Centralized,
+SCAFFOLD, FedRep, Ditto, APFL, pFedMe, Per-FedAvg, FedPHP, FedBN, FedBABU, LG-FedAvg, FedRoD, FedPAC.
+"""
+from fl.methods import (apfl, centralized, ditto, fedacd, fedavg, fedavg_ft, fedbabu, fedbn, feddrm,  # noqa: F401
+                        fedmosaic, fedpac, fedpals, fedper, fedphp, fedprox, fedrep, fedrod, lg_fedavg, local,
+                        perfedavg, pfedfda, pfedme, scaffold)
+from fl.methods.fedmosaic import fedct  # noqa: F401

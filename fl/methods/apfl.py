@@ -30,10 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from fl.client import ClientModule, build_optimizer
+from fl.core import build_optimizer, ClientModule, register_method, Server
 from fl.config import ConfigError, MethodConfig, param
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass
@@ -48,6 +46,8 @@ class APFLConfig(MethodConfig):
 
 
 class APFLClient(ClientModule):
+    persistent = ("alpha",)  # alpha_i, per client
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
         self.automatic_optimization = False
@@ -56,17 +56,6 @@ class APFLClient(ClientModule):
 
     def is_private(self, key: str) -> bool:
         return key.startswith("local.")
-
-    # ---- per-client state: v_i (private weights) and alpha_i ---------------------------------------
-    def client_state(self) -> dict[str, Any]:
-        state = super().client_state()
-        state["alpha"] = self.alpha.detach().cpu().clone()
-        return state
-
-    def load_client_state(self, state: Optional[dict[str, Any]]) -> None:
-        super().load_client_state(state)
-        alpha = state["alpha"] if state is not None else torch.tensor(float(self.hp.alpha))
-        self.alpha = alpha.to(self.device, self.dtype).clone()
 
     def configure_optimizers(self):
         return build_optimizer(self.cfg, list(self.model.parameters()) + list(self.local.parameters()), self.lr)

@@ -5,11 +5,8 @@ the same as for federated methods (each client's test split, and the pooled test
 """
 from dataclasses import dataclass
 
-from fl.client import ClientModule
+from fl.core import ClientModule, FederatedData, Split, register_method, Server
 from fl.config import MethodConfig
-from fl.data import FederatedData, Split
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass

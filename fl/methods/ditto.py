@@ -28,10 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl.client import ClientModule
+from fl.core import ClientModule, register_method, Server
 from fl.config import MethodConfig, param
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass

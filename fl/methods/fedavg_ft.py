@@ -4,10 +4,8 @@ The fine-tuned copy is used only for that client's evaluation; it is never sent 
 """
 from dataclasses import dataclass
 
-from fl.client import ClientModule
+from fl.core import ClientModule, register_method, Server
 from fl.config import MethodConfig, param
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass
@@ -17,10 +15,10 @@ class FedAvgFTConfig(MethodConfig):
 
 
 class FedAvgFTClient(ClientModule):
-    def personalize(self, orch, cid: int) -> None:
+    def personalize(self) -> None:
         if self.hp.finetune_epochs > 0:
-            optimizer = orch.fabric.setup_optimizers(self.configure_optimizers())
-            orch.fit_local(self.round, cid, optimizer, epochs=self.hp.finetune_epochs, purpose="finetune")
+            optimizer = self.fabric.setup_optimizers(self.configure_optimizers())
+            self.fit_local(optimizer, epochs=self.hp.finetune_epochs, purpose="finetune")
 
 
 register_method("fedavg_ft", FedAvgFTConfig, FedAvgFTClient, Server)

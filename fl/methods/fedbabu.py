@@ -18,12 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fl.client import ClientModule, Upload, build_optimizer
+from fl.core import HEAD, ClientModule, Server, Upload, build_optimizer, register_method
 from fl.config import MethodConfig, param
-from fl.registry import register_method
-from fl.server import Server
-
-HEAD = "model.head."
 
 
 @dataclass
@@ -55,16 +51,16 @@ class FedBABUClient(ClientModule):
         body = {k: v.detach() for k, v in self.shared_state().items() if not k.startswith(HEAD)}
         return Upload(params=body, weight=float(self.num_train))
 
-    def personalize(self, orch, cid: int) -> None:
+    def personalize(self) -> None:
         if self.hp.finetune_epochs > 0:
             params = self._set_trainable(self.hp.finetune_part)
-            optimizer = orch.fabric.setup_optimizers(build_optimizer(self.cfg, params, self.lr))
-            orch.fit_local(self.round, cid, optimizer, epochs=self.hp.finetune_epochs, purpose="finetune")
+            optimizer = self.fabric.setup_optimizers(build_optimizer(self.cfg, params, self.lr))
+            self.fit_local(optimizer, epochs=self.hp.finetune_epochs, purpose="finetune")
             self._set_trainable("full")
 
 
 class FedBABUServer(Server):
-    def server_step(self, orch, round_idx: int, mean: dict, messages: dict[int, Any]) -> None:
+    def server_step(self, ctx, mean: dict, messages: dict[int, Any]) -> None:
         if mean:  # the averaged body; the head stays as initialised
             self.global_params = {**self.global_params, **mean}
 

@@ -14,10 +14,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from fl.client import ClientModule
+from fl.core import ClientModule, register_method, Server
 from fl.config import ConfigError, MethodConfig
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass
@@ -31,6 +29,8 @@ def batchnorm_prefixes(module: nn.Module) -> tuple[str, ...]:
 
 
 class FedBNClient(ClientModule):
+    has_global_model = False  # the shared layers have no BatchNorm state of their own
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
         self._bn = batchnorm_prefixes(self)
@@ -42,14 +42,10 @@ class FedBNClient(ClientModule):
         return key.startswith(self._bn)
 
 
-class FedBNServer(Server):
-    has_global_model = False  # the shared layers have no BatchNorm state of their own
-
-
 def resolve(cfg) -> None:
     if cfg.model.norm != "batch":
         raise ConfigError(f"method.name=fedbn keeps BatchNorm layers local: it needs model.norm=batch "
                           f"(got model.norm={cfg.model.norm!r})")
 
 
-register_method("fedbn", FedBNConfig, FedBNClient, FedBNServer, resolve)
+register_method("fedbn", FedBNConfig, FedBNClient, Server, resolve)

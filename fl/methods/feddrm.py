@@ -19,10 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fl.client import ClientModule
+from fl.core import HEAD, ClientModule, register_method, Server
 from fl.config import MethodConfig, param
-from fl.registry import register_method
-from fl.server import Server
 
 ROUTING_RULES = ("posterior", "density_ratio")
 
@@ -107,6 +105,8 @@ def el_log_weights(client_logits: Tensor) -> Tensor:
 
 
 class FedDRMClient(ClientModule):
+    has_global_model = False  # the shared part has no target head of its own; the router is evaluated instead
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
         base = self.model
@@ -116,7 +116,7 @@ class FedDRMClient(ClientModule):
         self.register_buffer("log_prior", log_size_prior(data.train_sizes()).float(), persistent=False)
 
     def is_private(self, key: str) -> bool:
-        return key.startswith("model.head.")  # the target head (alpha_i, beta_i) never leaves the client
+        return key.startswith(HEAD)  # the target head (alpha_i, beta_i) never leaves the client
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model.target_logits(x)
@@ -131,9 +131,5 @@ class FedDRMClient(ClientModule):
         return route_scores(self.model.client_logits(x), self.log_prior, self.hp.routing)
 
 
-class FedDRMServer(Server):
-    """The default step already is the spec's: n_i-weighted mean of the uploaded (shared) parameters."""
-    has_global_model = False  # the shared part has no target head of its own; the router is evaluated instead
-
-
-register_method("feddrm", FedDRMConfig, FedDRMClient, FedDRMServer)
+# the server step is FedAvg's: the n_i-weighted mean of the uploaded (shared) parameters
+register_method("feddrm", FedDRMConfig, FedDRMClient, Server, headline="test/system_acc")

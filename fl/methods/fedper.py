@@ -1,10 +1,8 @@
 """FedPer (Arivazhagan et al., 2019): FedAvg on the base layers; the classifier head stays on each client."""
 from dataclasses import dataclass
 
-from fl.client import ClientModule
+from fl.core import HEAD, ClientModule, register_method, Server
 from fl.config import MethodConfig
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass
@@ -13,12 +11,10 @@ class FedPerConfig(MethodConfig):
 
 
 class FedPerClient(ClientModule):
-    def is_private(self, key: str) -> bool:
-        return key.startswith("model.head.")
-
-
-class FedPerServer(Server):
     has_global_model = False  # the shared backbone has no head of its own
 
+    def is_private(self, key: str) -> bool:
+        return key.startswith(HEAD)
 
-register_method("fedper", FedPerConfig, FedPerClient, FedPerServer)
+
+register_method("fedper", FedPerConfig, FedPerClient, Server)

@@ -30,10 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl.client import ClientModule, build_optimizer
+from fl.core import build_optimizer, ClientModule, register_method, Server
 from fl.config import MethodConfig, param
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass
@@ -66,6 +64,8 @@ def hpm_weight(mu: float, visits: int, participation: float, rounds: int) -> flo
 
 
 class FedPHPClient(ClientModule):
+    persistent = ("visits",)  # n_k, the rounds the client took part in
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
         self.hpm = copy.deepcopy(self.model)  # the inherited private model; starts from w^0
@@ -76,15 +76,6 @@ class FedPHPClient(ClientModule):
 
     def configure_optimizers(self):
         return build_optimizer(self.cfg, self.model.parameters(), self.lr)  # the HPM is never trained
-
-    def client_state(self) -> dict[str, Any]:
-        state = super().client_state()
-        state["visits"] = self.visits
-        return state
-
-    def load_client_state(self, state: Optional[dict[str, Any]]) -> None:
-        super().load_client_state(state)
-        self.visits = int(state["visits"]) if state is not None else 0
 
     def on_local_train_start(self) -> None:
         self.hpm.eval()  # the teacher

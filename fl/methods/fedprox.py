@@ -4,10 +4,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fl.client import ClientModule
+from fl.core import ClientModule, register_method, Server
 from fl.config import MethodConfig, param
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass

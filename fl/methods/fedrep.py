@@ -13,10 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fl.client import ClientModule
+from fl.core import HEAD, ClientModule, register_method, Server
 from fl.config import ConfigError, MethodConfig, param
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass
@@ -28,8 +26,10 @@ class FedRepConfig(MethodConfig):
 
 
 class FedRepClient(ClientModule):
+    has_global_model = False  # the averaged representation has no head of its own
+
     def is_private(self, key: str) -> bool:
-        return key.startswith("model.head.")
+        return key.startswith(HEAD)
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -43,10 +43,6 @@ class FedRepClient(ClientModule):
         return F.cross_entropy(logits, y)
 
 
-class FedRepServer(Server):
-    has_global_model = False  # the averaged representation has no head of its own
-
-
 def resolve(cfg) -> None:
     steps = cfg.trainer.local_steps
     if steps is not None and cfg.method.head_steps >= steps:
@@ -54,4 +50,4 @@ def resolve(cfg) -> None:
                           "or the representation never trains")
 
 
-register_method("fedrep", FedRepConfig, FedRepClient, FedRepServer, resolve)
+register_method("fedrep", FedRepConfig, FedRepClient, Server, resolve)

@@ -24,10 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fl.client import ClientModule
+from fl.core import ClientModule, register_method, Server
 from fl.config import MethodConfig
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass

@@ -8,10 +8,8 @@ the pooled test set (the averaged head has no body of its own).
 """
 from dataclasses import dataclass
 
-from fl.client import ClientModule
+from fl.core import HEAD, ClientModule, register_method, Server
 from fl.config import MethodConfig
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass
@@ -20,12 +18,10 @@ class LGFedAvgConfig(MethodConfig):
 
 
 class LGFedAvgClient(ClientModule):
-    def is_private(self, key: str) -> bool:
-        return not key.startswith("model.head.")  # the local representation layers
-
-
-class LGFedAvgServer(Server):
     has_global_model = False  # the global head has no body of its own
 
+    def is_private(self, key: str) -> bool:
+        return not key.startswith(HEAD)  # the local representation layers
 
-register_method("lg_fedavg", LGFedAvgConfig, LGFedAvgClient, LGFedAvgServer)
+
+register_method("lg_fedavg", LGFedAvgConfig, LGFedAvgClient, Server)

@@ -1,10 +1,8 @@
 """Local: each client trains only on its own data; nothing is communicated."""
 from dataclasses import dataclass
 
-from fl.client import ClientModule, Upload
+from fl.core import ClientModule, register_method, Server, Upload
 from fl.config import MethodConfig
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass
@@ -13,6 +11,8 @@ class LocalConfig(MethodConfig):
 
 
 class LocalClient(ClientModule):
+    has_global_model = False
+
     def is_private(self, key: str) -> bool:
         return True  # the whole model stays on the client
 
@@ -20,8 +20,4 @@ class LocalClient(ClientModule):
         return Upload(weight=float(self.num_train))
 
 
-class LocalServer(Server):
-    has_global_model = False
-
-
-register_method("local", LocalConfig, LocalClient, LocalServer)
+register_method("local", LocalConfig, LocalClient, Server)

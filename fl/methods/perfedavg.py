@@ -31,11 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from fl.client import ClientModule
+from fl.core import ClientModule, generator, register_method, Server
 from fl.config import MethodConfig, param
-from fl.registry import register_method
-from fl.seeding import generator
-from fl.server import Server
 
 
 @dataclass
@@ -104,13 +101,13 @@ class PerFedAvgClient(ClientModule):
         opt.step()
         return {"loss": meta_loss, "ce": loss}
 
-    def personalize(self, orch, cid: int) -> None:
+    def personalize(self) -> None:
         if self.hp.adapt_steps == 0:
             return
-        optimizer = orch.fabric.setup_optimizers(torch.optim.SGD(self.model.parameters(), lr=self.hp.alpha))
+        optimizer = self.fabric.setup_optimizers(torch.optim.SGD(self.model.parameters(), lr=self.hp.alpha))
         self._adapting = True
         try:
-            orch.fit_local(self.round, cid, optimizer, steps=self.hp.adapt_steps, purpose="adapt")
+            self.fit_local(optimizer, steps=self.hp.adapt_steps, purpose="adapt")
         finally:
             self._adapting = False
 

@@ -31,10 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl.client import ClientModule, build_optimizer
+from fl.core import build_optimizer, ClientModule, register_method, Server
 from fl.config import MethodConfig, param
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass
@@ -104,18 +102,9 @@ class PFedMeClient(ClientModule):
 
 
 class PFedMeServer(Server):
-    def server_step(self, orch, round_idx: int, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
-        beta = float(self.hp.beta)
-        if not mean:
-            return
-        if beta == 1.0:
-            self.global_params = dict(mean)
-            return
-        new = {}
-        for k, v in mean.items():
-            old = self.global_params[k]
-            new[k] = ((1 - beta) * old.double() + beta * v.double()).to(old.dtype) if v.is_floating_point() else v
-        self.global_params = new
+    def server_step(self, ctx, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
+        if mean:  # w <- (1 - beta) w + beta * mean = w + beta (mean - w)
+            self.global_params = self.step_towards(mean, float(self.hp.beta))
 
 
 register_method("pfedme", PFedMeConfig, PFedMeClient, PFedMeServer)

@@ -10,8 +10,8 @@ Algorithm 1 of the paper, with option II for the client control variate:
                   c <- c + (1/M) * sum_{i in round} delta c_i   (M = all clients, |S|/M * mean)
 
 How it maps onto this framework:
-- The broadcast payload carries x ("params") and c ("c"). c_i lives in the per-client state store
-  (`client_state()["c_i"]`, CPU); a client that was never sampled has c_i = 0.
+- The broadcast payload carries x ("params") and c ("c"). c_i is a persistent client attribute (kept in
+  the state store); a client that was never sampled has c_i = 0.
 - The correction uses manual optimization: backward of the client loss, then (c - c_i) is added to the
   .grad of every controlled parameter before `opt.step()`. K is the number of steps actually taken
   (`trainer.local_steps`, or the batches of `trainer.local_epochs` passes) and lr is the round's learning
@@ -36,10 +36,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from fl.client import ClientModule, Upload
+from fl.core import ClientModule, register_method, Server, Upload
 from fl.config import MethodConfig, param
-from fl.registry import register_method
-from fl.server import Server
 
 
 @dataclass
@@ -59,31 +57,20 @@ def controlled_keys(module: ClientModule) -> list[str]:
 
 
 class ScaffoldClient(ClientModule):
+    persistent = ("c_i",)  # this client's control variate; empty (= 0) until its first round
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
         self.automatic_optimization = False
         self.c: dict[str, Tensor] = {}  # the server's control variate, as broadcast this round
-        self.c_i: dict[str, Tensor] = {}  # this client's control variate (device while training)
-        self._stored_c_i: Optional[dict[str, Tensor]] = None  # as loaded from the store (CPU) or None
+        self.c_i: dict[str, Tensor] = {}
         self._delta_c: dict[str, Tensor] = {}
         self._steps = 0
 
-    # ---- communication and state ----------------------------------------------------------------
+    # ---- communication ----------------------------------------------------------------------------
     def receive(self, payload: dict[str, Any]) -> None:
         super().receive(payload)
         self.c = payload.get("c") or {}
-
-    def load_client_state(self, state: Optional[dict[str, Any]]) -> None:
-        super().load_client_state(state)
-        # moved to the device only when the client trains (evaluation does not need it)
-        self._stored_c_i = state.get("c_i") if state is not None else None
-        self.c_i, self._delta_c = {}, {}
-
-    def client_state(self) -> dict[str, Any]:
-        state = super().client_state()
-        c_i = self.c_i if self.c_i else (self._stored_c_i or {})
-        state["c_i"] = {k: v.detach().cpu().clone() for k, v in c_i.items()}
-        return state
 
     def upload(self) -> Upload:
         up = super().upload()
@@ -96,8 +83,7 @@ class ScaffoldClient(ClientModule):
 
     def on_local_train_start(self) -> None:
         params = self._controlled()
-        stored = self._stored_c_i or {}
-        self.c_i = {k: stored[k].to(p.device, p.dtype) if k in stored else torch.zeros_like(p, requires_grad=False)
+        self.c_i = {k: self.c_i[k].to(p.device, p.dtype) if k in self.c_i else torch.zeros_like(p, requires_grad=False)
                     for k, p in params}
         self._x = {k: p.detach().clone() for k, p in params}  # the global model received this round
         self._correction = {k: (self.c[k].to(p.device, p.dtype) - self.c_i[k]) for k, p in params}
@@ -127,7 +113,7 @@ class ScaffoldClient(ClientModule):
 
     def _grad_scaler(self):
         """The fp16 loss scaler of `fabric.precision=16-mixed`, or None (no scaling)."""
-        fabric = self._fabric
+        fabric = self.fabric
         scaler = getattr(getattr(fabric.strategy, "precision", None), "scaler", None) if fabric is not None else None
         return scaler if scaler is not None and scaler.is_enabled() else None
 
@@ -156,21 +142,9 @@ class ScaffoldServer(Server):
     def weight(self, cid: int, upload: Upload) -> float:
         return 1.0 if self.hp.param_weighting == "uniform" else upload.weight
 
-    def server_step(self, orch, round_idx: int, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
-        eta = float(self.hp.server_lr)
-        if mean:
-            if eta == 1.0:
-                self.global_params = dict(mean)
-            else:
-                new = {}
-                for k, v in mean.items():
-                    x = self.global_params.get(k)
-                    if k in self.control and x is not None:
-                        x64 = x.double()
-                        new[k] = (x64 + eta * (v.double() - x64)).to(x.dtype)
-                    else:  # buffers: plain average
-                        new[k] = v
-                self.global_params = new
+    def server_step(self, ctx, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
+        if mean:  # x <- x + eta_g (mean - x) on the controlled parameters; buffers take the plain average
+            self.global_params = self.step_towards(mean, float(self.hp.server_lr), set(self.control))
         # c <- c + (1/M) sum_i delta c_i, summed in float64 in client order
         sums: dict[str, Tensor] = {}
         for cid in sorted(messages):

@@ -12,11 +12,11 @@ pi_bar = (1/M) sum_n pi^n, the unweighted mean of the M clients' training label 
 - test/adaptability: R(local model m) = sum_i pi_bar_i eps_i^m (Eq. 3), eps the per-class error on the
   pooled test set, averaged over the local models trained in the round (Table 3; lower is better).
 - client/<i>/kl_PQ and test/kl_PQ: KL(P^m || Q) of each of those local models (Table 9): P^m from a
-  clean eval-mode pass over the client's training data, Q = tau on the diagonal (`trainer.kl_tau`), the
-  mean over the rows of the classes the client holds.
+  clean eval-mode pass over the client's training data, Q = tau on the diagonal
+  (`evaluators.adaptability.kl_tau`), the mean over the rows of the classes the client holds.
 
 The two local-model metrics run on rounds where evaluation runs and (round + 1) is a multiple of
-`trainer.adaptability_every` (and on the last round). They need the local models before aggregation:
+`evaluators.adaptability.every` (and on the last round). They need the local models before aggregation:
 `on_local_model` runs on the process that trained the client, right after its local training; the
 evaluator then sums the per-client results over the processes (each client is on exactly one), so
 1 and 2 processes give the same numbers. Classes missing from the pooled test set are left out of
@@ -24,30 +24,41 @@ every class average, and pi_bar is renormalised over the classes that remain.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
-from fl.metrics.evaluators import register_evaluator, register_local_hook
+from fl.config import param
+from fl.core import EvalContext, Evaluator, GroupedAccuracy, register_evaluator
+
+KL_REDUCTIONS = ("mean_present", "sum", "batchmean_C")
 
 
-class ClassCounts(Metric):
-    """Correct and total predictions per true class (float64 counts, summed across processes)."""
+def template_q(num_classes: int, tau: float, dtype=torch.float64, device=None) -> Tensor:
+    """Q of FedACD's Eq. 10: tau on the diagonal, (1 - tau) / (C - 1) elsewhere."""
+    C = num_classes
+    Q = torch.full((C, C), (1.0 - tau) / max(C - 1, 1), dtype=dtype, device=device)
+    Q.fill_diagonal_(tau)
+    return Q
 
-    full_state_update = False
 
-    def __init__(self, num_classes: int, **kwargs):
-        super().__init__(**kwargs)
-        self.add_state("correct", torch.zeros(num_classes, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("total", torch.zeros(num_classes, dtype=torch.float64), dist_reduce_fx="sum")
+def kl_pq(P: Tensor, present: Tensor, tau: float, reduction: str = "mean_present", eps: float = 1e-8) -> Tensor:
+    """KL(P || Q) over the rows of present classes (FedACD's Eq. 10).
 
-    def update(self, preds: Tensor, target: Tensor) -> None:
-        K = self.total.numel()
-        self.total += torch.bincount(target, minlength=K).to(self.total.dtype)
-        self.correct += torch.bincount(target[preds == target], minlength=K).to(self.correct.dtype)
-
-    def compute(self) -> tuple[Tensor, Tensor]:
-        return self.correct.clone(), self.total.clone()
+    mean_present: mean over present rows of sum_j P_ij log(P_ij / Q_ij) (the magnitudes of the paper's
+    Table 9); sum: the literal double sum of Eq. 10; batchmean_C: the sum divided by C."""
+    if reduction not in KL_REDUCTIONS:
+        raise ValueError(f"kl reduction {reduction!r}; choices: {', '.join(KL_REDUCTIONS)}")
+    P = P.to(torch.float64)[present]
+    Q = template_q(P.shape[1], tau, device=P.device)[present]
+    # 0 log 0 = 0: entries that are exactly zero contribute nothing
+    rows = torch.where(P > 0, P * (P.clamp_min(eps).log() - Q.log()), torch.zeros_like(P)).sum(1)
+    if reduction == "mean_present":
+        return rows.mean()
+    total = rows.sum()
+    return total if reduction == "sum" else total / present.numel()  # present has one entry per class
 
 
 def mean_label_distribution(label_counts: Tensor) -> Tensor:
@@ -69,8 +80,7 @@ def adaptability_risk(errors: Tensor, pi_bar: Tensor, has: Tensor) -> Tensor:
     return (errors * w).sum(-1) / w.sum()
 
 
-@torch.no_grad()
-def local_probability_matrix(module, split, batch_size: int) -> tuple[Tensor, Tensor]:
+def local_probability_matrix(module, split) -> tuple[Tensor, Tensor]:
     """Clean pass (eval mode, no augmentation) of the module's model over `split`: the per-class sums of
     softmax probabilities [C, C] and the per-class counts [C], float64. P = sums / counts on the rows
     of the classes present. FedACD's V and the kl_PQ diagnostic both use it, so they agree."""
@@ -78,104 +88,102 @@ def local_probability_matrix(module, split, batch_size: int) -> tuple[Tensor, Te
     device = next(module.parameters()).device
     sums = torch.zeros(C, C, dtype=torch.float64, device=device)
     counts = torch.zeros(C, dtype=torch.float64, device=device)
-    was_training = module.training
-    module.eval()
-    fabric = module._fabric
-    for begin in range(0, len(split), batch_size):
-        x, y = module.make_batch(split, slice(begin, begin + batch_size))
-        if fabric is not None:
-            with fabric.autocast():
-                logits = module.predict(x)
-        else:
-            logits = module.predict(x)
+    for logits, y in module.eval_pass(split):
         p = torch.softmax(logits.float(), dim=1).to(torch.float64)
         sums.index_add_(0, y, p)
         counts.index_add_(0, y, torch.ones_like(y, dtype=torch.float64))
-    module.train(was_training)
     return sums, counts
 
 
-def is_adaptability_round(cfg, rnd: int) -> bool:
-    """The orchestrator's evaluation rounds ((round + 1) % eval_every == 0, or the last), thinned to
-    every `adaptability_every` rounds (and the last)."""
-    t = cfg.trainer
-    last = rnd == t.rounds - 1
-    return ((rnd + 1) % t.eval_every == 0 or last) and ((rnd + 1) % t.adaptability_every == 0 or last)
+def class_counts(ctx: EvalContext, start: int = 0, stride: int = 1, sync: bool = True) -> tuple[Tensor, Tensor]:
+    """Correct and total predictions per true class of the loaded model on the pooled test set."""
+    counts = GroupedAccuracy(ctx.data.num_classes, sync_on_compute=sync).to(ctx.fabric.device)
+    for logits, y in ctx.module.eval_pass(ctx.data.pooled_test(), start=start, stride=stride):
+        counts.update(logits.argmax(1), y)
+    return counts.counts()
 
 
-def _stash(orch) -> dict:
-    if not hasattr(orch, "_adaptability_stash"):
-        orch._adaptability_stash = {}
-    return orch._adaptability_stash
+@dataclass
+class AdaptabilitySettings:
+    every: int = param(5, ge=1, help="local-model adaptability risk and KL(P||Q) on evaluation rounds every k "
+                       "rounds and the last")
+    kl_tau: float = param(1.0 - 1e-5, gt=0.0, lt=1.0, help="diagonal tau of the template Q in the KL(P||Q) "
+                          "diagnostic (FedACD's Eq. 10)")
 
 
-@register_local_hook("adaptability")
-def on_local_model(orch, rnd: int, cid: int, module) -> None:
-    """Per-class test errors and KL(P || Q) of client cid's freshly trained local model (kept per process
-    until the round's evaluation)."""
-    if cid < 0 or not is_adaptability_round(orch.cfg, rnd):
-        return
-    from fl.methods.fedacd_losses import kl_pq  # here: fl.methods imports every method
+@register_evaluator
+class Adaptability(Evaluator):
+    """test/adaptability, test/kl_PQ and client/<i>/kl_PQ over the local models of the round."""
 
-    K = orch.data.num_classes
-    counts = ClassCounts(K, sync_on_compute=False).to(orch.fabric.device)
-    for preds, y in orch._predict(orch.data.pooled_test()):
-        counts.update(preds, y)
-    correct, total = counts.compute()
-    sums, n = local_probability_matrix(module, orch.data.clients[cid].train, orch.cfg.trainer.eval_batch_size)
-    present = n > 0
-    P = sums / n.clamp_min(1)[:, None]
-    kl = kl_pq(P, present, orch.cfg.trainer.kl_tau) if bool(present.any()) else torch.tensor(float("nan"))
-    _stash(orch)[cid] = (rnd, correct.cpu(), total.cpu(), float(kl))
+    name = "adaptability"
+    Settings = AdaptabilitySettings
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        self.stash: dict[int, tuple] = {}  # this process's clients of the round: cid -> (correct, total, kl)
+
+    def active(self, cfg, rnd: int) -> bool:
+        """The loop's evaluation rounds ((round + 1) % eval_every == 0, or the last), thinned to every
+        `every` rounds (and the last)."""
+        t = cfg.trainer
+        last = rnd == t.rounds - 1
+        return ((rnd + 1) % t.eval_every == 0 or last) and ((rnd + 1) % self.hp.every == 0 or last)
+
+    def on_local_model(self, ctx: EvalContext, cid: int) -> None:
+        """Per-class test errors and KL(P || Q) of client cid's freshly trained local model."""
+        if cid < 0 or not self.active(ctx.cfg, ctx.round):
+            return
+        correct, total = class_counts(ctx, sync=False)
+        sums, n = local_probability_matrix(ctx.module, ctx.data.clients[cid].train)
+        present = n > 0
+        P = sums / n.clamp_min(1)[:, None]
+        kl = kl_pq(P, present, self.hp.kl_tau) if bool(present.any()) else torch.tensor(math.nan)
+        self.stash[cid] = (correct.cpu(), total.cpu(), float(kl))
+
+    def evaluate(self, ctx: EvalContext) -> dict[str, float]:
+        mine, self.stash = self.stash, {}
+        if not self.active(ctx.cfg, ctx.round):
+            return {}
+        M, K, fabric = ctx.data.num_clients, ctx.data.num_classes, ctx.fabric
+        # one flat float64 vector per process: [has, kl, correct (M x K), total (M x K)]; each client is on
+        # one process, so the sum over processes is exact
+        has = torch.zeros(M, dtype=torch.float64)
+        kl = torch.zeros(M, dtype=torch.float64)
+        correct = torch.zeros(M, K, dtype=torch.float64)
+        total = torch.zeros(M, K, dtype=torch.float64)
+        for cid, (c, t, k) in mine.items():
+            has[cid], kl[cid], correct[cid], total[cid] = 1.0, k, c, t
+        flat = torch.cat([has, kl, correct.flatten(), total.flatten()]).to(fabric.device)
+        if fabric.world_size > 1:
+            flat = fabric.all_reduce(flat, reduce_op="sum")
+        flat = flat.cpu()
+        has, kl = flat[:M] > 0, flat[M:2 * M]
+        correct, total = flat[2 * M:2 * M + M * K].view(M, K), flat[2 * M + M * K:].view(M, K)
+        if not bool(has.any()):
+            return {}
+        pi_bar = mean_label_distribution(ctx.data.label_counts("train"))
+        tested = total[has][0] > 0  # every local model is scored on the same pooled test set
+        errors = 1.0 - correct[has] / total[has].clamp_min(1)
+        risk = adaptability_risk(errors, pi_bar, tested)
+        out = {"test/adaptability": float(risk.mean()), "test/kl_PQ": float(kl[has].mean())}
+        out.update({f"client/{cid}/kl_PQ": float(kl[cid]) for cid in torch.nonzero(has).flatten().tolist()})
+        return out
 
 
-@register_evaluator("adaptability")
-def adaptability(orch, rnd: int) -> dict[str, float]:
-    """test/adaptability, test/kl_PQ and client/<i>/kl_PQ over the local models of this round."""
-    stash = _stash(orch)
-    mine = {cid: v for cid, v in stash.items() if v[0] == rnd}
-    stash.clear()
-    if not is_adaptability_round(orch.cfg, rnd):
-        return {}
-    M, K = orch.data.num_clients, orch.data.num_classes
-    # one flat float64 vector per process: [has, kl, correct (M x K), total (M x K)]; each client is on
-    # one process, so the sum over processes is exact
-    has = torch.zeros(M, dtype=torch.float64)
-    kl = torch.zeros(M, dtype=torch.float64)
-    correct = torch.zeros(M, K, dtype=torch.float64)
-    total = torch.zeros(M, K, dtype=torch.float64)
-    for cid, (_, c, t, k) in mine.items():
-        has[cid], kl[cid], correct[cid], total[cid] = 1.0, k, c, t
-    flat = torch.cat([has, kl, correct.flatten(), total.flatten()]).to(orch.fabric.device)
-    if orch.fabric.world_size > 1:
-        flat = orch.fabric.all_reduce(flat, reduce_op="sum")
-    flat = flat.cpu()
-    has, kl = flat[:M] > 0, flat[M:2 * M]
-    correct, total = flat[2 * M:2 * M + M * K].view(M, K), flat[2 * M + M * K:].view(M, K)
-    if not bool(has.any()):
-        return {}
-    pi_bar = mean_label_distribution(orch.data.label_counts("train"))
-    tested = total[has][0] > 0  # every local model is scored on the same pooled test set
-    errors = 1.0 - correct[has] / total[has].clamp_min(1)
-    risk = adaptability_risk(errors, pi_bar, tested)
-    out = {"test/adaptability": float(risk.mean()), "test/kl_PQ": float(kl[has].mean())}
-    out.update({f"client/{cid}/kl_PQ": float(kl[cid]) for cid in torch.nonzero(has).flatten().tolist()})
-    return out
-
-
-@register_evaluator("global_acc")
-def global_acc(orch, rnd: int) -> dict[str, float]:
+@register_evaluator
+class GlobalAccuracy(Evaluator):
     """test/global_acc (uniform test set) and test/global_acc_client_dist of the global model."""
-    if not orch.server.has_global_model:
-        return {}
-    fabric = orch.fabric
-    orch.load_client(rnd, -1)
-    counts = ClassCounts(orch.data.num_classes).to(fabric.device)  # strided shards, summed over processes
-    for preds, y in orch._predict(orch.data.pooled_test(), fabric.global_rank, fabric.world_size):
-        counts.update(preds, y)
-    correct, total = (t.cpu() for t in counts.compute())
-    has = total > 0
-    acc = correct / total.clamp_min(1)
-    pi_bar = mean_label_distribution(orch.data.label_counts("train"))
-    return {"test/global_acc": float(acc[has].mean()),
-            "test/global_acc_client_dist": float(client_dist_accuracy(acc, pi_bar, has))}
+
+    name = "global_acc"
+
+    def evaluate(self, ctx: EvalContext) -> dict[str, float]:
+        if not ctx.module.has_global_model:
+            return {}
+        ctx.load_client(-1)
+        # strided shards of the pooled test set, summed over processes
+        correct, total = (t.cpu() for t in class_counts(ctx, ctx.fabric.global_rank, ctx.fabric.world_size))
+        has = total > 0
+        acc = correct / total.clamp_min(1)
+        pi_bar = mean_label_distribution(ctx.data.label_counts("train"))
+        return {"test/global_acc": float(acc[has].mean()),
+                "test/global_acc_client_dist": float(client_dist_accuracy(acc, pi_bar, has))}

@@ -1,5 +1,6 @@
-"""System accuracy (FedDRM, spec seed-000 §3): the federation as one classifier of queries drawn from the
-pooled test set (the union of every client's test split, each sample keeping its client's shift).
+"""System accuracy (FedDRM, Wang et al. 2025, Sec. 3.3 and Fig. 4): the federation as one classifier of
+queries drawn from the pooled test set (the union of every client's test split, each sample keeping its
+client's shift).
 
 * `test/system_acc`: a method with a router (`ClientModule.route_scores` returns scores) sends each query to
   the argmax client, whose model predicts; any other method with per-client models predicts by the
@@ -7,7 +8,7 @@ pooled test set (the union of every client's test split, each sample keeping its
 * `test/system_acc_oracle`: each query goes to its own client's model (a diagnostic upper bound on the value
   of routing; it is the micro-averaged per-client accuracy).
 * `test/routing_acc` (router only): per client, the share of its test samples routed back to it, averaged with
-  training-size weights n_i / N (spec §3, Fig. 4's "client accuracy"); `test/routing_acc_micro` pools them.
+  training-size weights n_i / N (the paper's "client accuracy"); `test/routing_acc_micro` pools them.
 
 Methods whose clients all use one global model (no private parameters, no `personalize`, no router) are
 skipped: their system accuracy is `test/acc_global`. The router runs on the server's model (cid -1).
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fl.metrics.evaluators import register_evaluator
+from fl.core import ClientModule, EvalContext, Evaluator, register_evaluator
 
 
 def majority_vote(votes: Tensor) -> Tensor:
@@ -29,104 +30,104 @@ def majority_vote(votes: Tensor) -> Tensor:
     return votes.argmax(dim=1)
 
 
-def _overrides(module, name: str) -> bool:
-    from fl.client import ClientModule  # lazily: fl.client imports the data and model packages
-
+def _overrides(module: ClientModule, name: str) -> bool:
     return getattr(type(module), name) is not getattr(ClientModule, name)
 
 
-def has_router(module) -> bool:
+def has_router(module: ClientModule) -> bool:
     return _overrides(module, "route_scores")
 
 
-def has_client_models(orch) -> bool:
+def has_client_models(module: ClientModule) -> bool:
     """Whether clients can predict differently: private parameters, personalization or a router."""
-    m = orch.module
-    return (not orch.server.has_global_model or has_router(m) or _overrides(m, "personalize")
-            or bool(m.private_state()))
+    return (not module.has_global_model or has_router(module) or _overrides(module, "personalize")
+            or bool(module.private_state()))
 
 
 def _reduce(fabric, t: Tensor) -> Tensor:
     return fabric.all_reduce(t, reduce_op="sum") if fabric.world_size > 1 else t
 
 
-@register_evaluator("system")
-def system_metrics(orch, rnd: int) -> dict[str, float]:
-    if not has_client_models(orch):
-        return {}
-    fabric, m, data = orch.fabric, orch.module, orch.data
-    device, bs, m_clients = fabric.device, orch.cfg.trainer.eval_batch_size, data.num_clients
-    tests = [c.test for c in data.clients]
-    sizes = [len(s) for s in tests]
-    if sum(sizes) == 0:
-        return {}
-    offsets = [0]
-    for n in sizes:
-        offsets.append(offsets[-1] + n)
-    units = [(j, b) for j, n in enumerate(sizes) for b in range(0, n, bs)]  # fixed batches, any process count
-    rank, world = fabric.global_rank, fabric.world_size
+@register_evaluator
+class SystemAccuracy(Evaluator):
+    name = "system"
 
-    # 1. routing, by the server's model: every process routes its share of the batches
-    route = None
-    if has_router(m):
-        orch.load_client(rnd, -1)
-        m.eval()
-        route = torch.zeros(offsets[-1], dtype=torch.float64, device=device)
-        with torch.no_grad(), fabric.autocast():
-            for j, b in units[rank::world]:
-                x, _ = orch._batch(tests[j], slice(b, b + bs))
-                scores = m.route_scores(x)
-                if scores is None:  # the hook declined: no router after all
-                    route = None
-                    break
-                route[offsets[j] + b:offsets[j] + b + len(x)] = scores.argmax(1).to(torch.float64)
-        # every process must agree on whether a router exists before the collective
-        declined = _reduce(fabric, torch.tensor([float(route is None)], device=device))
-        route = None if float(declined) > 0 else _reduce(fabric, route).long()
+    def evaluate(self, ctx: EvalContext) -> dict[str, float]:
+        m, fabric, data = ctx.module, ctx.fabric, ctx.data
+        if not has_client_models(m):
+            return {}
+        device, bs = fabric.device, ctx.cfg.trainer.eval_batch_size
+        tests = [c.test for c in data.clients]
+        sizes = [len(s) for s in tests]
+        if sum(sizes) == 0:
+            return {}
+        offsets = [0]
+        for n in sizes:
+            offsets.append(offsets[-1] + n)
+        units = [(j, b) for j, n in enumerate(sizes) for b in range(0, n, bs)]  # fixed batches, any process count
+        rank, world = fabric.global_rank, fabric.world_size
 
-    # 2. client models: each process evaluates its share of the clients
-    K = data.num_classes
-    counts = torch.zeros(2, dtype=torch.float64, device=device)  # [routed correct, oracle correct]
-    votes = None if route is not None else torch.zeros(offsets[-1], K, dtype=torch.float32, device=device)
-    for c in range(rank, m_clients, world):
-        orch.load_client(rnd, c)
-        m.personalize(orch, c)
-        m.eval()
-        with torch.no_grad(), fabric.autocast():
-            for j, split in enumerate(tests):
-                if not sizes[j]:
-                    continue
-                if route is not None:  # only the queries routed to c, and c's own ones for the oracle
-                    mine = route[offsets[j]:offsets[j + 1]] == c
-                    idx = torch.arange(sizes[j], device=device) if j == c else mine.nonzero().flatten()
-                else:
-                    idx = torch.arange(sizes[j], device=device)
-                for b in range(0, len(idx), bs):
-                    sel = idx[b:b + bs]
-                    x, y = orch._batch(split, sel.to(split.y.device))
-                    preds = m.predict(x).argmax(1)
-                    hit = preds == y
-                    if j == c:
-                        counts[1] += hit.sum()
-                    if route is not None:
-                        counts[0] += (hit & mine[sel]).sum()
+        # 1. routing, by the server's model: every process routes its share of the batches
+        route = None
+        if has_router(m):
+            ctx.load_client(-1)
+            m.eval()
+            route = torch.zeros(offsets[-1], dtype=torch.float64, device=device)
+            with torch.no_grad(), fabric.autocast():
+                for j, b in units[rank::world]:
+                    x, _ = m.make_batch(tests[j], slice(b, b + bs))
+                    scores = m.route_scores(x)
+                    if scores is None:  # the hook declined: no router after all
+                        route = None
+                        break
+                    route[offsets[j] + b:offsets[j] + b + len(x)] = scores.argmax(1).to(torch.float64)
+            # every process must agree on whether a router exists before the collective
+            declined = _reduce(fabric, torch.tensor([float(route is None)], device=device))
+            route = None if float(declined) > 0 else _reduce(fabric, route).long()
+
+        # 2. client models: each process evaluates its share of the clients
+        K = data.num_classes
+        counts = torch.zeros(2, dtype=torch.float64, device=device)  # [routed correct, oracle correct]
+        votes = None if route is not None else torch.zeros(offsets[-1], K, dtype=torch.float32, device=device)
+        for c in range(rank, data.num_clients, world):
+            ctx.load_client(c)
+            m.personalize()
+            m.eval()
+            with torch.no_grad(), fabric.autocast():
+                for j, split in enumerate(tests):
+                    if not sizes[j]:
+                        continue
+                    if route is not None:  # only the queries routed to c, and c's own ones for the oracle
+                        mine = route[offsets[j]:offsets[j + 1]] == c
+                        idx = torch.arange(sizes[j], device=device) if j == c else mine.nonzero().flatten()
                     else:
-                        votes[offsets[j] + sel, preds] += 1
-    counts = _reduce(fabric, counts)
-    total = float(offsets[-1])
-    out = {"test/system_acc_oracle": float(counts[1]) / total}
-    if route is not None:
-        out["test/system_acc"] = float(counts[0]) / total
-        out.update(_routing_accuracy(route, offsets, sizes, data.train_sizes()))
-    else:
-        votes = _reduce(fabric, votes)
-        labels = torch.cat([s.y.to(device) for s in tests])
-        out["test/system_acc"] = float((majority_vote(votes) == labels).sum()) / total
-    return out
+                        idx = torch.arange(sizes[j], device=device)
+                    for b in range(0, len(idx), bs):
+                        sel = idx[b:b + bs]
+                        x, y = m.make_batch(split, sel.to(split.y.device))
+                        preds = m.predict(x).argmax(1)
+                        hit = preds == y
+                        if j == c:
+                            counts[1] += hit.sum()
+                        if route is not None:
+                            counts[0] += (hit & mine[sel]).sum()
+                        else:
+                            votes[offsets[j] + sel, preds] += 1
+        counts = _reduce(fabric, counts)
+        total = float(offsets[-1])
+        out = {"test/system_acc_oracle": float(counts[1]) / total}
+        if route is not None:
+            out["test/system_acc"] = float(counts[0]) / total
+            out.update(routing_accuracy(route, offsets, sizes, data.train_sizes()))
+        else:
+            votes = _reduce(fabric, votes)
+            labels = torch.cat([s.y.to(device) for s in tests])
+            out["test/system_acc"] = float((majority_vote(votes) == labels).sum()) / total
+        return out
 
 
-def _routing_accuracy(route: Tensor, offsets: list[int], sizes: list[int], train_sizes: list[int]) -> dict:
-    """Per client the share of its test queries routed to it, weighted by training size (spec §3)."""
+def routing_accuracy(route: Tensor, offsets: list[int], sizes: list[int], train_sizes: list[int]) -> dict:
+    """Per client the share of its test queries routed to it, weighted by training size."""
     acc, weight, hits = [], [], 0
     for j, n in enumerate(sizes):
         if n:

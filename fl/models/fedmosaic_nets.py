@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from fl.models.small import BackboneHead
-from fl.registry import register_model
+from fl.core.registry import register_model
 
 
 @register_model("alexnet_bn")

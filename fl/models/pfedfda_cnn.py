@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from fl.models.small import BackboneHead
-from fl.registry import register_model
+from fl.core.registry import register_model
 
 FEATURE_DIM = 128
 

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from fl.config import ConfigError
 from fl.models.small import BackboneHead
-from fl.registry import register_model
+from fl.core.registry import register_model
 
 
 def _norm(kind: str, channels: int, groups: int) -> nn.Module:

@@ -5,7 +5,7 @@ import math
 
 from torch import Tensor, nn
 
-from fl.registry import register_model
+from fl.core.registry import register_model
 
 
 class BackboneHead(nn.Module):

@@ -16,9 +16,10 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from fl.data.base import DataError, Pool, Split
+from fl.core import Split
+from fl.data.base import DataError, Pool
 from fl.data.sources.domains import check_no_variant
-from fl.registry import register_dataset
+from fl.core.registry import register_dataset
 
 LAYOUT = ("a .npz or .pt file with x and y (optionally domain, x_test, y_test, domain_test, class_names, "
           "domain_names, mean, std)")

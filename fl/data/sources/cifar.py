@@ -20,9 +20,10 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from fl.data.base import DataError, Pool, Split
+from fl.core import Split
+from fl.data.base import DataError, Pool
 from fl.data.sources.domains import check_no_variant
-from fl.registry import register_dataset
+from fl.core.registry import register_dataset
 
 # Normalize(0.5, 0.5) -> [-1, 1]: FedDRM (spec 000 §5), FedMosaic (spec 002 §8), pFedFDA (spec 003 §4);
 # FedACD (spec 004) only says "per-channel normalisation".
@@ -119,7 +120,7 @@ def load_cifar100(d: DictConfig) -> Pool:
 @register_dataset("cifar20")
 def load_cifar20(d: DictConfig) -> Pool:
     """CIFAR-100 images, y = the 20 coarse labels; `Pool.fine_labels` holds the 100 fine labels, on which
-    FedDRM partitions (`data.partition_labels=fine`)."""
+    FedDRM partitions (`data.partition.labels=fine`)."""
     pool = _load(d, "cifar20", CIFAR100, "CIFAR100", "coarse_labels", "coarse_label_names")
     pool.fine_labels = cifar100_fine_labels(d)
     return pool

@@ -33,8 +33,9 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from fl.config import ConfigError
-from fl.data.base import DataError, Pool, Split
-from fl.registry import register_dataset
+from fl.core import Split
+from fl.data.base import DataError, Pool
+from fl.core.registry import register_dataset
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png")
 CACHE_VERSION = "v1"

@@ -2,19 +2,19 @@
 
 p(x | y) = N(mu_y, I) with mu = ([6, 4.6], [1.2, -1.6], [4.6, -5.4]). Client 0 holds 20 + 20 samples of
 classes 0 and 1 (S_0 = [.5, .5, 0], n_0 = 40); client 1 holds 9 + 9 of classes 0 and 2 (S_1 = [.5, 0, .5],
-n_1 = 18). The domain id of a training sample is its client, so `data.partition=domains` reproduces the
+n_1 = 18). The domain id of a training sample is its client, so `data.partition.name=domains` reproduces the
 split. The test split holds 2000 samples per class; the target's validation and test sets are drawn
-from it with the target's proportions (`data.target`, e.g. T_delta = (1 - delta) [.5, .25, .25] +
-delta [0, .5, .5]). A new sample is drawn for each `data.partition_seed` (default 0).
+from it with the target's proportions (`data.target.distribution`, e.g. T_delta = (1 - delta) [.5, .25, .25] +
+delta [0, .5, .5]). A new sample is drawn for each `data.partition.seed` (default 0).
 """
 from __future__ import annotations
 
 import torch
 from omegaconf import DictConfig
 
-from fl.data.base import Pool, Split
-from fl.registry import register_dataset
-from fl.seeding import derive_seed
+from fl.core import derive_seed, Split
+from fl.data.base import Pool
+from fl.core.registry import register_dataset
 
 MEANS = torch.tensor([[6.0, 4.6], [1.2, -1.6], [4.6, -5.4]])
 CLIENTS = ((20, 20, 0), (9, 0, 9))  # per-class counts of each client
@@ -29,7 +29,7 @@ def _draw(counts, gen: torch.Generator, domain: int | None = None) -> Split:
 
 @register_dataset("fedpals_synthetic")
 def load_fedpals_synthetic(d: DictConfig) -> Pool:
-    gen = torch.Generator().manual_seed(derive_seed(d.partition_seed or 0, 0, -1, "fedpals-synthetic"))
+    gen = torch.Generator().manual_seed(derive_seed(d.partition.seed or 0, 0, -1, "fedpals-synthetic"))
     train = Split.cat([_draw(c, gen, i) for i, c in enumerate(CLIENTS)])
     test = _draw((TEST_PER_CLASS,) * 3, gen, 0)
     return Pool("fedpals_synthetic", train, test, 3, ["class0", "class1", "class2"], ["client0", "client1"])

@@ -3,7 +3,7 @@ a personal classifier head per client that the server re-combines from all heads
 
 One round for client i (Algorithm 1 of the paper):
  1. statistics: with the received global extractor theta, the client computes on its training data the
-    per-class statistics h_i and the variance V_i of fedpac_qp.py;
+    per-class statistics h_i and the variance V_i of qp.py;
  2. classifier: with theta fixed, the head phi_i is trained by cross-entropy for `method.head_epochs`
     epochs at `method.head_lr` (1 epoch at lr 0.1 in the original code, as pFedFDA runs it);
  3. extractor: with phi_i fixed, theta is trained for the trainer's local epochs/steps on
@@ -31,15 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl.client import ClientModule, Upload, build_optimizer
+from fl.core import HEAD, ClientModule, Server, Upload, build_optimizer, register_method
 from fl.config import MethodConfig, param
-from fl.data import batch_indices
-from fl.methods.fedpac_qp import SOLVERS, combination_weights
-from fl.registry import register_method
-from fl.seeding import generator, seed_torch
-from fl.server import Server
-
-HEAD = "model.head."
+from fl.methods.fedpac.qp import SOLVERS, combination_weights
 
 
 @dataclass
@@ -56,8 +50,11 @@ class FedPACConfig(MethodConfig):
 
 
 class FedPACClient(ClientModule):
+    has_global_model = False  # no global head
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
+        self._head_phase = False  # step 2: training_step trains the head on fixed features
         self.centroids: Optional[Tensor] = None  # (K, d) global centroids; rows of `has` are valid
         self.has: Optional[Tensor] = None
         self._combined: Optional[dict[str, Tensor]] = None
@@ -95,47 +92,29 @@ class FedPACClient(ClientModule):
     def configure_optimizers(self):
         return build_optimizer(self.cfg, self._set_trainable(head=False), self.lr)  # step 3: the extractor
 
-    @torch.no_grad()
     def _class_sums(self) -> tuple[Tensor, Tensor, Tensor]:
         """Per class over the training data (float64): counts, sums of features, sums of squared norms."""
-        train = self.train_split(self.data, self.cid)
         K, d = self.num_classes, self.model.feature_dim
         counts = torch.zeros(K, dtype=torch.float64, device=self.device)
         sums = torch.zeros(K, d, dtype=torch.float64, device=self.device)
         sq = torch.zeros(K, dtype=torch.float64, device=self.device)
-        was_training = self.training
-        self.eval()
-        bs = self.cfg.trainer.eval_batch_size
-        for begin in range(0, len(train), bs):
-            x, y = self.make_batch(train, slice(begin, begin + bs))
-            z = self.model.backbone(x).double()
+        for z, y in self.eval_pass(self.train_split(self.data, self.cid), self.model.backbone, autocast=False):
+            z = z.double()
             counts.index_add_(0, y, torch.ones_like(y, dtype=torch.float64))
             sums.index_add_(0, y, z)
             sq.index_add_(0, y, (z * z).sum(1))
-        self.train(was_training)
         return counts, sums, sq
 
     def _train_head(self) -> None:
         """Step 2: the head alone, on features of the fixed extractor; its own seeded batch order."""
-        hp, t, fabric = self.hp, self.cfg.trainer, self._fabric
-        lr = self.lr if hp.head_lr is None else float(hp.head_lr)
-        optimizer = fabric.setup_optimizers(build_optimizer(self.cfg, self._set_trainable(head=True), lr))
-        train = self.train_split(self.data, self.cid)
-        seed_torch(self.cfg.seed, self.round, self.cid, "head")
-        gen = generator(self.cfg.seed, self.round, self.cid, "head")
-        aug = generator(self.cfg.seed, self.round, self.cid, "head/augment") if self.cfg.data.augment else None
-        for _, idx in batch_indices(len(train), t.batch_size, gen, epochs=hp.head_epochs, drop_last=t.drop_last):
-            if idx is None:
-                continue
-            x, y = self._batch_fn(train, idx.to(train.y.device), aug)
-            with fabric.autocast():
-                with torch.no_grad():
-                    z = self.model.backbone(x)
-                loss = F.cross_entropy(self.model.head(z), y)
-            optimizer.zero_grad(set_to_none=True)
-            fabric.backward(loss)
-            optimizer.step()
-        self._set_trainable(head=False)
+        lr = self.lr if self.hp.head_lr is None else float(self.hp.head_lr)
+        optimizer = self.fabric.setup_optimizers(build_optimizer(self.cfg, self._set_trainable(head=True), lr))
+        self._head_phase = True
+        try:
+            self.fit_local(optimizer, epochs=self.hp.head_epochs, purpose="head", hooks=False)
+        finally:
+            self._head_phase = False
+            self._set_trainable(head=False)
 
     def on_local_train_start(self) -> None:
         counts, sums, sq = self._class_sums()  # step 1, with the received extractor
@@ -148,6 +127,10 @@ class FedPACClient(ClientModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
+        if self._head_phase:  # step 2: cross-entropy of the head on features of the fixed extractor
+            with torch.no_grad():
+                z = self.model.backbone(x)
+            return F.cross_entropy(self.model.head(z), y)
         z = self.model.backbone(x)
         ce = F.cross_entropy(self.model.head(z), y)
         if self.centroids is None or self.hp.lam == 0:
@@ -164,8 +147,6 @@ class FedPACClient(ClientModule):
 
 
 class FedPACServer(Server):
-    has_global_model = False  # no global head
-
     def setup(self, module: ClientModule, data) -> None:
         super().setup(module, data)
         K, d = data.num_classes, module.model.feature_dim
@@ -180,7 +161,7 @@ class FedPACServer(Server):
             payload["centroids"] = {"mean": self.centroid_mean, "has": self.centroid_has}
         return payload
 
-    def server_step(self, orch, round_idx: int, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
+    def server_step(self, ctx, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
         if mean:
             self.global_params = mean
         cids = sorted(c for c in messages if messages[c])
@@ -203,7 +184,7 @@ class FedPACServer(Server):
             self.alphas[cid] = {j: float(a) for j, a in zip(cids, alpha)}
         self._round_cids = cids
 
-    def on_round_end(self, orch, round_idx: int, metrics: dict) -> None:
+    def on_round_end(self, ctx, metrics: dict) -> None:
         cids = getattr(self, "_round_cids", [])
         if cids:  # how much each client of the round relies on its own head
             own = [self.alphas[c][c] for c in cids]

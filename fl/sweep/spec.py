@@ -15,7 +15,10 @@ from typing import Any, Optional
 
 import yaml
 
-from fl.config import ConfigError
+from fl.config import ConfigError, load_config, search_spaces
+from fl.core import registry
+from fl.core.seeding import derive_seed
+from fl.report.tables import DEFAULT_METRIC
 
 METHODS = ("grid", "random", "bayes")
 GOALS = ("maximize", "minimize")
@@ -270,8 +273,6 @@ def expand(sweep: Sweep, count: Optional[int] = None, seed: int = 0, exclude: tu
                 seen.add(key)
                 points.append(point)
         return points
-    from fl.seeding import derive_seed
-
     n = count or sweep.run_cap
     if n is None:
         raise ConfigError("run_cap: random search needs a number of points; set run_cap in the file or pass "
@@ -297,16 +298,12 @@ def make_sweep(conf: str, params: list[str], method: Optional[str] = None, metri
                goal: str = "maximize", seeds: Optional[list[int]] = None, run_cap: int = 20) -> dict:
     """A W&B sweep file over `params` (method.X keys) of conf's method, from its declared search ranges.
     The default metric is the target's validation accuracy when the data has a target (FedPALS tunes lambda
-    on it), else the method's headline test metric (fl.report.HEADLINE)."""
-    from fl.config import load_config, search_spaces
-    from fl.registry import METHODS
-    from fl.report import headline_metric
-
+    on it), else the metric its paper leads with (its registration's headline), else the mean client accuracy."""
     cfg = load_config([f"conf={conf}", "logger.wandb.mode=disabled"])
     if metric is None:
-        has_target = cfg.data.target is not None or cfg.data.target_domain is not None
-        metric = "val/target_acc" if has_target else headline_metric(cfg.method.name)
-    spaces = search_spaces(METHODS[cfg.method.name].config_cls)
+        has_target = cfg.data.target.distribution is not None or cfg.data.target.domain is not None
+        metric = "val/target_acc" if has_target else registry.METHODS[cfg.method.name].headline or DEFAULT_METRIC
+    spaces = search_spaces(registry.METHODS[cfg.method.name].config_cls)
     space = {}
     for p in params:
         if p not in spaces:

@@ -4,12 +4,21 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 from lightning.fabric.loggers import Logger
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
+
+from fl.core import METHODS
+from fl.report.plots import all_figures
+from fl.report.runs import Run, flatten
+from fl.report.summary import summarize_history
+from fl.report.tables import DEFAULT_METRIC, group_runs
+from fl.report.wandb_access import wandb_mode
 
 
 class JsonlLogger(Logger):
@@ -43,30 +52,13 @@ class JsonlLogger(Logger):
                 f.write(json.dumps(row) + "\n")
 
 
-def _has_wandb_key() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    try:
-        return "api.wandb.ai" in netrc.read_text()
-    except OSError:
-        return False
-
-
-def wandb_mode(requested: str) -> str:
-    """auto -> WANDB_MODE if set, else online with an API key and offline without; never prompts."""
-    if requested != "auto":
-        return requested
-    return os.environ.get("WANDB_MODE") or ("online" if _has_wandb_key() else "offline")
-
-
 def make_wandb_logger(cfg: DictConfig, run_dir: Path, run_name: str):
     mode = wandb_mode(cfg.logger.wandb.mode)
     if mode == "disabled":
         return None
     os.environ.setdefault("WANDB_SILENT", "true")
     w = cfg.logger.wandb
-    group = w.group or f"{cfg.data.name}/{cfg.data.partition}"
+    group = w.group or f"{cfg.data.name}/{cfg.data.partition.name}"
     id_file = run_dir / "wandb_id"
     run_id = id_file.read_text().strip() if id_file.is_file() else None
     logger = wandb_logger_cls()(cfg, run_dir, name=run_name, save_dir=str(run_dir), project=w.project,
@@ -128,9 +120,15 @@ def wandb_logger_cls():
             self._evals.append({"round": step, **metrics})
             return running_summaries(self._evals, self._last_k)
 
-        def _log_round_plots(self, step: int) -> None:
-            import tempfile
+        @rank_zero_only
+        def log_histogram(self, key: str, values: list[float], step: int) -> None:
+            """A distribution (e.g. pFedFDA's beta_i over clients) as a W&B histogram; metrics.jsonl keeps the
+            per-client scalars instead."""
+            import wandb
 
+            self.experiment.log({key: wandb.Histogram(values), "trainer/global_step": step})
+
+        def _log_round_plots(self, step: int) -> None:
             import wandb
 
             with tempfile.TemporaryDirectory() as tmp:
@@ -155,9 +153,7 @@ def define_dashboard_metrics(run, last_k: int) -> None:
 
 def running_summaries(evals: list[dict], last_k: int) -> dict[str, float]:
     """best/<key> and last<K>/<key> of every test/ and val/ scalar over the evaluation rows so far; the
-    same rules as summary.json (fl.metrics.summary), so the final W&B values equal the file's."""
-    from fl.metrics.summary import summarize_history
-
+    same rules as summary.json (fl.report.summary), so the final W&B values equal the file's."""
     rows = [{k: v for k, v in r.items() if k == "round" or k.startswith(EVAL_PREFIXES)} for r in evals]
     s = summarize_history(rows, last_k)
     out = {f"best/{k}": v for k, v in s["best"].items()}
@@ -167,8 +163,6 @@ def running_summaries(evals: list[dict], last_k: int) -> dict[str, float]:
 
 def client_table(metrics: dict, step: int):
     """client/<i>/<name> scalars of one round as a wandb.Table: round, client, then one column per name."""
-    import re
-
     pattern = re.compile(r"^client/(\d+)/(.+)$")
     per_client: dict[int, dict[str, float]] = {}
     for key, value in metrics.items():
@@ -186,12 +180,9 @@ def client_table(metrics: dict, step: int):
 
 def round_plots(cfg: DictConfig, run_dir: Path, folder: Path) -> list[tuple[str, Path]]:
     """The report's figures for this one run, from its metrics.jsonl."""
-    from fl.report import DEFAULT_METRIC, Run, flatten, group_runs, headline_metric
-    from fl.report_plots import all_figures
-
     run = Run(run_dir.name, str(run_dir), flatten(OmegaConf.to_container(cfg, resolve=True)), {},
               _read_jsonl(run_dir / "metrics.jsonl"))
-    metrics = list(dict.fromkeys([headline_metric(cfg.method.name), DEFAULT_METRIC]))
+    metrics = list(dict.fromkeys([METHODS[cfg.method.name].headline or DEFAULT_METRIC, DEFAULT_METRIC]))
     return all_figures(group_runs([run]), metrics, folder)
 
 
@@ -199,15 +190,3 @@ def _read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def log_histogram(loggers, key: str, values, step: int) -> None:
-    """A distribution (e.g. pFedFDA's beta_i over clients) as a W&B histogram; metrics.jsonl keeps the
-    per-client scalars instead. Only the W&B logger on rank zero writes."""
-    from lightning.pytorch.loggers import WandbLogger
-
-    for logger in loggers:
-        if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0:
-            import wandb
-
-            logger.experiment.log({key: wandb.Histogram([float(v) for v in values]), "trainer/global_step": step})

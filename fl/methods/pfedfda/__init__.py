@@ -1,7 +1,7 @@
 """pFedFDA (McLaughlin & Su, NeurIPS 2024): personalized FL via feature distribution adaptation.
 
 A shared backbone phi and a generative head: class-conditional Gaussians N(mu_c, Sigma) with one tied
-covariance, turned into a linear (LDA) layer by Bayes' rule (fl/methods/pfedfda_stats.py). Each round a
+covariance, turned into a linear (LDA) layer by Bayes' rule (stats.py). Each round a
 client trains phi through a frozen head built from the global statistics (mu_g, Sigma_g) and its local
 priors, estimates local statistics from the features it saw while training, picks beta_i by k-fold
 cross-validation and uploads phi_i with the interpolated statistics beta_i local + (1 - beta_i) global. The
@@ -19,12 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl.client import ClientModule, Upload
+from fl.core import ClientModule, generator, register_method, Server, Upload
 from fl.config import MethodConfig, param
-from fl.methods.pfedfda_stats import estimate, interpolate, lda_head, priors, solve_beta
-from fl.registry import register_method
-from fl.seeding import generator
-from fl.server import Server
+from fl.methods.pfedfda.stats import estimate, interpolate, lda_head, priors, solve_beta
 
 
 @dataclass
@@ -58,6 +55,8 @@ def _log_prior(module: "PFedFDAClient", cid: int) -> Tensor:
 
 
 class PFedFDAClient(ClientModule):
+    persistent = ("beta",)  # (beta_mu, beta_cov) of the client's last beta search
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
         self.model.head.requires_grad_(False)  # the head is LDA(mu, Sigma, pi), never a trained layer
@@ -66,7 +65,6 @@ class PFedFDAClient(ClientModule):
         self.bank: list[tuple[Tensor, Tensor]] = []
         self.last_pass: list[tuple[Tensor, Tensor]] = []
         self.result: dict[str, Any] = {}
-        self.eval_betas: dict[int, tuple[float, float]] = {}
 
     @property
     def dev(self) -> torch.device:
@@ -81,11 +79,8 @@ class PFedFDAClient(ClientModule):
         super().receive(payload)
         self.glob = (payload["mu"].to(self.dev, torch.float64), payload["cov"].to(self.dev, torch.float64))
 
-    def client_state(self) -> dict[str, Any]:
-        return {"beta": torch.tensor(self.beta, dtype=torch.float64)}
-
     def load_client_state(self, state: Optional[dict[str, Any]]) -> None:
-        self.beta = tuple(state["beta"].tolist()) if state is not None else (float(self.hp.beta_init),) * 2
+        super().load_client_state(state)
         # a usable head at once: global statistics with this client's priors (uniform for the global model, cid -1)
         self.set_head(*self.glob, _log_prior(self, self.cid))
 
@@ -137,23 +132,14 @@ class PFedFDAClient(ClientModule):
             return self.features(self.cid)
         return torch.cat([b[0] for b in bank]).to(torch.float64), torch.cat([b[1] for b in bank])
 
-    @torch.no_grad()
     def features(self, cid: int) -> tuple[Tensor, Tensor]:
-        """One no-grad pass of the current backbone over the client's training split."""
-        split = self.train_split(self.data, cid)
-        was_training = self.training
-        self.eval()
-        bs = self.cfg.trainer.eval_batch_size
-        zs, ys = [], []
-        for begin in range(0, len(split), bs):
-            x, y = self.make_batch(split, slice(begin, begin + bs))
-            zs.append(self.model.backbone(x).to(torch.float64))
-            ys.append(y)
-        self.train(was_training)
-        return torch.cat(zs), torch.cat(ys)
+        """One no-grad pass of the current backbone over the client's training split (float64, no autocast)."""
+        zs, ys = zip(*self.eval_pass(self.train_split(self.data, cid), self.model.backbone, autocast=False))
+        return torch.cat([z.to(torch.float64) for z in zs]), torch.cat(ys)
 
     # ---- evaluation: Alg. 1 lines 8-11 with the global backbone, no gradient step ----------------------
-    def personalize(self, orch, cid: int) -> None:
+    def personalize(self) -> dict[str, float]:
+        cid = self.cid
         z, y = self.features(cid)
         log_prior = _log_prior(self, cid).to(self.dev)
         gen = generator(self.cfg.seed, self.round, cid, "pfedfda/cv_eval")
@@ -162,7 +148,10 @@ class PFedFDAClient(ClientModule):
                        gtol=self.hp.beta_gtol, gen=gen, prev=self.beta, init=self.hp.beta_init)
         local = estimate(z, y, self.glob[0], self.hp.cov_reg, min_count=self.hp.eval_min_count)
         self.set_head(*interpolate(r.beta_mu, r.beta_cov, local, self.glob), log_prior)
-        self.eval_betas[cid] = (r.beta_mu, r.beta_cov)
+        logs = {"beta_eval": r.beta_mu}  # the beta this client's evaluated head used
+        if self.hp.beta_mode == "separate":
+            logs["beta_cov_eval"] = r.beta_cov
+        return logs
 
 
 class PFedFDAServer(Server):
@@ -173,7 +162,6 @@ class PFedFDAServer(Server):
         gen = generator(self.cfg.seed, 0, -1, "pfedfda/init_means")
         self.mu = torch.rand(C, d, generator=gen, dtype=torch.float64).to(device)
         self.cov = torch.eye(d, dtype=torch.float64, device=device)
-        self.module = module
 
     def select(self, round_idx: int, sampled: list[int]) -> list[int]:
         if self.hp.full_last_round and round_idx == self.cfg.trainer.rounds - 1:
@@ -183,8 +171,8 @@ class PFedFDAServer(Server):
     def broadcast(self, cid: int) -> dict[str, Any]:
         return {"params": self.global_params, "mu": self.mu, "cov": self.cov}
 
-    def server_step(self, orch, round_idx: int, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
-        super().server_step(orch, round_idx, mean, messages)
+    def server_step(self, ctx, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
+        super().server_step(ctx, mean, messages)
         if not messages:
             return
         # sample-weighted mean of the interpolated statistics, summed in client order (1 and 2 processes agree)
@@ -194,7 +182,7 @@ class PFedFDAServer(Server):
         self.mu, self.cov = mu, (cov + cov.T) / 2
         self.round_betas = {cid: (m["beta"], m["beta_cov"], m["fallback"]) for cid, m in messages.items()}
 
-    def on_round_end(self, orch, round_idx: int, metrics: dict) -> None:
+    def on_round_end(self, ctx, metrics: dict) -> None:
         betas = getattr(self, "round_betas", {})
         for cid, (b, bc, fb) in betas.items():
             metrics[f"client/{cid}/beta"] = b
@@ -205,21 +193,12 @@ class PFedFDAServer(Server):
             metrics["train/beta_fallbacks"] = float(sum(fb for _, _, fb in betas.values()))
         self.round_betas = {}
 
-    def on_evaluate(self, orch, round_idx: int, metrics: dict) -> None:
-        # the betas each client's evaluated head used; every process holds its own clients' values
-        M, fabric = self.data.num_clients, orch.fabric
-        vals = torch.zeros(2, M, dtype=torch.float64, device=fabric.device)
-        for cid, (b, bc) in self.module.eval_betas.items():
-            vals[0, cid], vals[1, cid] = b, bc
-        if fabric.world_size > 1:
-            vals = fabric.all_reduce(vals, reduce_op="sum")
-        self.module.eval_betas = {}
-        for cid in range(M):
-            metrics[f"client/{cid}/beta_eval"] = float(vals[0, cid])
-            if self.hp.beta_mode == "separate":
-                metrics[f"client/{cid}/beta_cov_eval"] = float(vals[1, cid])
-        metrics["test/beta_mean"] = float(vals[0].mean())
-        orch.log_histogram("server/beta_hist", vals[0].cpu().numpy(), round_idx)
+    def on_evaluate(self, ctx, metrics: dict) -> None:
+        # client/<i>/beta_eval: the beta each client's evaluated head used (personalize)
+        betas = torch.tensor([metrics[f"client/{cid}/beta_eval"] for cid in range(self.data.num_clients)],
+                             dtype=torch.float64)
+        metrics["test/beta_mean"] = float(betas.mean())
+        ctx.log_histogram("server/beta_hist", betas.tolist())
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "mu": self.mu.cpu(), "cov": self.cov.cpu()}
@@ -229,4 +208,4 @@ class PFedFDAServer(Server):
         self.mu, self.cov = state["mu"].to(device), state["cov"].to(device)
 
 
-register_method("pfedfda", PFedFDAConfig, PFedFDAClient, PFedFDAServer)
+register_method("pfedfda", PFedFDAConfig, PFedFDAClient, PFedFDAServer, headline="test/acc_weighted")

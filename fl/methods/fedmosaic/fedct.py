@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from fl.methods.fedmosaic import CoTrainingClient, CoTrainingConfig, CoTrainingServer, resolve
-from fl.registry import register_method
+from fl.core import register_method
 
 
 @dataclass

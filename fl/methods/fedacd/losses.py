@@ -1,4 +1,5 @@
-"""FedACD's losses and statistics as pure tensor functions (Zhou et al. 2025, Eqs. 7-10).
+"""FedACD's losses and statistics as pure tensor functions (Zhou et al. 2025, Eqs. 7-11); KL(P || Q) of Eq. 10
+is fl/metrics/adaptability.py's, which every method reports.
 
 Notation: C classes; P is a client's C x C matrix of mean predicted probabilities per true class
 (row i = true class i, P_ij = mean p_j(x) over local samples of class i); `present` marks the classes
@@ -12,8 +13,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-KL_REDUCTIONS = ("mean_present", "sum", "batchmean_C")
 
 
 def l1_flatten(logp: Tensor, y: Tensor) -> Tensor:
@@ -66,31 +65,6 @@ def rows_from(sums: Tensor, weights: Tensor, previous: Tensor) -> Tensor:
     out = previous.clone()
     out[has] = (sums[has] / weights[has, None]).to(out.dtype)
     return out
-
-
-def template_q(num_classes: int, tau: float, dtype=torch.float64, device=None) -> Tensor:
-    """Q of Eq. 10: tau on the diagonal, (1 - tau) / (C - 1) elsewhere."""
-    C = num_classes
-    Q = torch.full((C, C), (1.0 - tau) / max(C - 1, 1), dtype=dtype, device=device)
-    Q.fill_diagonal_(tau)
-    return Q
-
-
-def kl_pq(P: Tensor, present: Tensor, tau: float, reduction: str = "mean_present", eps: float = 1e-8) -> Tensor:
-    """KL(P || Q) over the rows of present classes.
-
-    mean_present: mean over present rows of sum_j P_ij log(P_ij / Q_ij) (the magnitudes of the paper's
-    Table 9); sum: the literal double sum of Eq. 10; batchmean_C: the sum divided by C."""
-    if reduction not in KL_REDUCTIONS:
-        raise ValueError(f"kl reduction {reduction!r}; choices: {', '.join(KL_REDUCTIONS)}")
-    P = P.to(torch.float64)[present]
-    Q = template_q(P.shape[1], tau, device=P.device)[present]
-    # 0 log 0 = 0: entries that are exactly zero contribute nothing
-    rows = torch.where(P > 0, P * (P.clamp_min(eps).log() - Q.log()), torch.zeros_like(P)).sum(1)
-    if reduction == "mean_present":
-        return rows.mean()
-    total = rows.sum()
-    return total if reduction == "sum" else total / present.numel()  # present has one entry per class
 
 
 def score_v(kl: Tensor | float) -> float:

@@ -21,7 +21,7 @@ When P is estimated (the paper does not say; spec 2.8), `method.p_update`:
 `method.p_init`: global_pass = a clean pass of the received global model over the local data (spec);
 stored = the client's P from its last round, kept in the state store (a clean pass on the first visit).
 V uses a clean eval-mode pass of the final local model (`method.p_for_score=clean_pass`) or the P the
-training accumulated (`train`). The P behind V is what the client keeps in the state store.
+training accumulated (`train`). The P behind V is what the client keeps (`kept_P`, a persistent attribute).
 """
 from __future__ import annotations
 
@@ -33,14 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl.client import ClientModule, Upload
+from fl.core import ClientModule, derive_seed, generator, register_method, Server, Upload
 from fl.config import MethodConfig, param
-from fl.methods.fedacd_losses import (KL_REDUCTIONS, accumulate, adjustment_matrix, kl_pq, l1_flatten,
-                                      l2_adjusted_ce, rows_from, score_v)
-from fl.metrics.adaptability import local_probability_matrix
-from fl.registry import register_method
-from fl.seeding import derive_seed, generator
-from fl.server import Server
+from fl.methods.fedacd.losses import accumulate, adjustment_matrix, l1_flatten, l2_adjusted_ce, rows_from, score_v
+from fl.metrics.adaptability import KL_REDUCTIONS, kl_pq, local_probability_matrix
 
 
 @dataclass
@@ -75,29 +71,18 @@ class FedACDBaseConfig(FedACDConfig):
 
 
 class FedACDClient(ClientModule):
+    persistent = ("kept_P",)  # the P behind the client's last V (None before its first round)
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
-        self._stored_P: Optional[Tensor] = None  # the P this client kept from its last round (CPU)
-        self.P_final: Optional[Tensor] = None
+        self.kept_P: Optional[Tensor] = None
         self.V, self.kl = 1.0, 0.0
 
     @property
     def model_device(self) -> torch.device:
         return next(self.parameters()).device
 
-    # ---- state and communication ----------------------------------------------------------------
-    def load_client_state(self, state: Optional[dict[str, Any]]) -> None:
-        super().load_client_state(state)
-        self._stored_P = state.get("P") if state is not None else None
-        self.P_final = None
-
-    def client_state(self) -> dict[str, Any]:
-        state = super().client_state()
-        P = self.P_final if self.P_final is not None else self._stored_P
-        if P is not None:
-            state["P"] = P.detach().cpu().clone()
-        return state
-
+    # ---- communication ----------------------------------------------------------------------------
     def upload(self) -> Upload:
         up = super().upload()
         up.message = {"V": self.V, "kl_PQ": self.kl}
@@ -105,8 +90,7 @@ class FedACDClient(ClientModule):
 
     # ---- local training -------------------------------------------------------------------------
     def _clean_P(self) -> Tensor:
-        sums, n = local_probability_matrix(self, self.train_split(self.data, self.cid),
-                                           self.cfg.trainer.eval_batch_size)
+        sums, n = local_probability_matrix(self, self.train_split(self.data, self.cid))
         return rows_from(sums, n, torch.zeros_like(sums))
 
     def on_local_train_start(self) -> None:
@@ -114,8 +98,8 @@ class FedACDClient(ClientModule):
         train = self.train_split(self.data, self.cid)
         self.counts = torch.bincount(train.y, minlength=C).to(self.model_device, torch.float64)
         self.present = self.counts > 0  # from the labels, not the accumulator (empty early on)
-        if hp.p_init == "stored" and self._stored_P is not None:
-            self.P = self._stored_P.to(self.model_device, torch.float64)
+        if hp.p_init == "stored" and self.kept_P is not None:
+            self.P = self.kept_P.to(self.model_device, torch.float64)
         else:
             self.P = self._clean_P()
         # running: the initial P counts as one pass over the data
@@ -166,7 +150,7 @@ class FedACDClient(ClientModule):
         P = self._clean_P() if hp.p_for_score == "clean_pass" else self.P
         self.kl = float(kl_pq(P, self.present, hp.tau, hp.kl_reduction, hp.p_eps))
         self.V = score_v(self.kl)
-        self.P_final = P.detach()
+        self.kept_P = P.detach()
 
 
 class FedACDServer(Server):
@@ -179,11 +163,11 @@ class FedACDServer(Server):
     def weight(self, cid: int, upload: Upload) -> float:
         return float(upload.message["V"]) if self.hp.aggregation == "v" else 1.0
 
-    def server_step(self, orch, round_idx: int, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
-        super().server_step(orch, round_idx, mean, messages)
+    def server_step(self, ctx, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
+        super().server_step(ctx, mean, messages)
         self._scores = {cid: msg for cid, msg in messages.items() if msg}
 
-    def on_round_end(self, orch, round_idx: int, metrics: dict) -> None:
+    def on_round_end(self, ctx, metrics: dict) -> None:
         if not self._scores:
             return
         V = [float(m["V"]) for m in self._scores.values()]
@@ -196,5 +180,5 @@ class FedACDServer(Server):
         self._scores = {}
 
 
-register_method("fedacd", FedACDConfig, FedACDClient, FedACDServer)
-register_method("fedacd_base", FedACDBaseConfig, FedACDClient, FedACDServer)
+register_method("fedacd", FedACDConfig, FedACDClient, FedACDServer, headline="test/global_acc")
+register_method("fedacd_base", FedACDBaseConfig, FedACDClient, FedACDServer, headline="test/global_acc")

@@ -5,6 +5,8 @@ import base64
 import html
 from pathlib import Path
 
+from fl.report.tables import fmt_stat
+
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
 table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
 th{background:#f3f3f3}td.l{text-align:left}figure{display:inline-block;margin:8px}
@@ -18,8 +20,6 @@ def image_tag(path: Path, alt: str) -> str:
 
 def html_page(title: str, caption: str, rows: list[dict], cols: list[tuple], figures: list[tuple[str, Path]],
               notes: list[str]) -> str:
-    from fl.report import fmt_stat
-
     head = ["setting", "method", "seeds", "headline (final)"] + [c[2] for c in cols]
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>{html.escape(caption)}</p>",

@@ -13,7 +13,7 @@ optionally with DP noise on E). The server votes S = sum_i diag(E_i) onehot(L_i)
 (ties to the lowest class) and broadcasts the pseudo-labels to every client for the next period.
 
 The true labels of U never reach a client: the client holds U's inputs only. The server uses them for
-the `pseudo/acc_vs_hidden_truth` diagnostic alone. FedCT (fl/methods/fedct.py) is the same protocol
+the `pseudo/acc_vs_hidden_truth` diagnostic alone. FedCT (fedct.py) is the same protocol
 with lambda = 1 and E = 1 (a majority vote).
 """
 from __future__ import annotations
@@ -24,16 +24,12 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from fl.client import ClientModule, Upload
+from fl.core import (ClientModule, Server, Split, Upload, batch_indices, build_model, generator, register_method,
+                     seed_torch)
 from fl.config import ConfigError, MethodConfig, param
-from fl.data import Split, batch_indices
-from fl.methods.fedmosaic_vote import (UNCERTAINTY_SCORES, adaptive_lambda, check_upload, class_frequencies,
+from fl.methods.fedmosaic.vote import (UNCERTAINTY_SCORES, adaptive_lambda, check_upload, class_frequencies,
                                        confidence_u, confidence_w, consensus, cotraining_loss, dp_noise,
                                        label_dtype, vote_scores)
-from fl.models import build_model
-from fl.registry import register_method
-from fl.seeding import generator, seed_torch
-from fl.server import Server
 
 
 @dataclass
@@ -82,6 +78,7 @@ class CoTrainingClient(ClientModule):
     """Local steps on l_priv + lambda * l_pseudo; uploads hard labels and confidences on U."""
 
     keep_optimizer_state = True  # Adam's moments persist across communication periods (spec §9 pitfall 8)
+    has_global_model = False
 
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
@@ -92,8 +89,8 @@ class CoTrainingClient(ClientModule):
     def is_private(self, key: str) -> bool:
         return True  # no parameter ever leaves the client
 
-    def attach(self, data, batch_fn) -> None:
-        super().attach(data, batch_fn)
+    def attach(self, data) -> None:
+        super().attach(data)
         # U as a client sees it: the inputs, with every label replaced by -1 (the true ones stay server-side)
         self.public = Split(data.public.x, torch.full_like(data.public.y, -1))
 
@@ -150,20 +147,10 @@ class CoTrainingClient(ClientModule):
         return Upload(weight=float(self.num_train),
                       message={"pred": preds.to(label_dtype(self.num_classes)), "conf": conf.float().cpu()})
 
-    @torch.no_grad()
     def predict_public(self) -> tuple[Tensor, Tensor]:
         """Hard predictions and softmax of the current model on U, in U's fixed index order (eval mode,
         no augmentation)."""
-        was_training = self.training
-        self.eval()
-        bs, n = self.cfg.trainer.eval_batch_size, len(self.public)
-        probs = []
-        for begin in range(0, n, bs):
-            x, _ = self.make_batch(self.public, slice(begin, begin + bs))
-            with self.fabric.autocast():
-                probs.append(torch.softmax(self.predict(x).float(), 1).cpu())
-        self.train(was_training)
-        probs = torch.cat(probs)
+        probs = torch.cat([torch.softmax(logits.float(), 1).cpu() for logits, _ in self.eval_pass(self.public)])
         return probs.argmax(1), probs
 
 
@@ -186,21 +173,16 @@ class FedMosaicClient(CoTrainingClient):
             l_priv, l_pseudo = self._full_set_losses()
             self._round_lambda = adaptive_lambda(l_priv, l_pseudo, self.hp.eps_loss)
 
-    @torch.no_grad()
     def _full_set_losses(self) -> tuple[Tensor, Tensor]:
         """l_priv over all of D_i and l_pseudo over all of P_t with the model at the start of the period."""
-        self.eval()
         bs = self.cfg.trainer.eval_batch_size
         losses = []
         for split, labels in ((self.train_split(self.data, self.cid), None), (self.public, self.pseudo)):
             total = torch.zeros((), dtype=torch.float64, device=self.pseudo.device)
-            for begin in range(0, len(split), bs):
-                x, y = self.make_batch(split, slice(begin, begin + bs))
-                y = y if labels is None else labels[begin:begin + bs]
-                with self.fabric.autocast():
-                    total += torch.nn.functional.cross_entropy(self(x).float(), y, reduction="sum").double()
+            for b, (logits, y) in enumerate(self.eval_pass(split, self, batch_size=bs)):
+                y = y if labels is None else labels[b * bs:(b + 1) * bs]
+                total += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum").double()
             losses.append((total / max(len(split), 1)).float())
-        self.train()
         return losses[0], losses[1]
 
     def confidence(self, preds: Tensor, probs: Tensor) -> Tensor:
@@ -222,8 +204,6 @@ class FedMosaicClient(CoTrainingClient):
 class CoTrainingServer(Server):
     """Builds the consensus pseudo-labels from every client's (predictions, confidences) on U."""
 
-    has_global_model = False
-
     def setup(self, module, data) -> None:
         super().setup(module, data)
         self.pseudo: Optional[Tensor] = None  # L_t (CPU, compact integer type)
@@ -232,13 +212,13 @@ class CoTrainingServer(Server):
     def broadcast(self, cid: int) -> dict[str, Any]:
         return {"pseudo": self.pseudo}
 
-    def server_step(self, orch, round_idx: int, mean: dict, messages: dict[int, dict]) -> None:
+    def server_step(self, ctx, mean: dict, messages: dict[int, dict]) -> None:
         n, K = len(self.data.public), self.data.num_classes
         cids = sorted(messages)  # client order: the float64 sum is the same on any number of processes
         uploads = [check_upload(messages[c], n, K, c) for c in cids]
         preds, confs = [p for p, _ in uploads], [e for _, e in uploads]
         scores = vote_scores(preds, confs, K)
-        labels = consensus(scores, self.hp.tie_break, generator(self.cfg.seed, round_idx, -1, "tie_break"))
+        labels = consensus(scores, self.hp.tie_break, generator(self.cfg.seed, ctx.round, -1, "tie_break"))
         truth = self.data.public.y.cpu()  # diagnostics only; never sent to a client
         diag = {"pseudo/acc_vs_hidden_truth": float((labels == truth).double().mean())}
         if self.pseudo is not None:
@@ -252,7 +232,7 @@ class CoTrainingServer(Server):
         self.pseudo = labels.to(label_dtype(K))
         self.diagnostics = diag
 
-    def on_round_end(self, orch, round_idx: int, metrics: dict) -> None:
+    def on_round_end(self, ctx, metrics: dict) -> None:
         metrics.update(self.diagnostics)
 
     def state_dict(self) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Clients train as in FedAvg (or FedProx with method.mu > 0) and never see the target. The server
 aggregates with the weights alpha of a convex QP over the label marginals S_i, the client sizes n_i and
-the target marginal T (fl/methods/fedpals_qp.py), trading label mismatch against effective sample size.
+the target marginal T (qp.py), trading label mismatch against effective sample size.
 Under full participation alpha is solved once; under partial participation it is re-solved (and cached)
 for each round's set of clients.
 """
@@ -11,10 +11,9 @@ from typing import Optional
 
 
 from fl.config import ConfigError, MethodConfig, param
-from fl.methods.fedpals_qp import SOLVERS, ess, fedpals_weights, lambda_for_ess, mismatch
+from fl.methods.fedpals.qp import SOLVERS, ess, fedpals_weights, lambda_for_ess, mismatch
 from fl.methods.fedprox import FedProxClient
-from fl.registry import register_method
-from fl.server import Server
+from fl.core import register_method, Server
 
 
 @dataclass
@@ -29,9 +28,9 @@ class FedPALSConfig(MethodConfig):
 
 
 def resolve(cfg) -> None:
-    if cfg.data.target is None and cfg.data.target_domain is None:
-        raise ConfigError("method.name=fedpals needs a target: set data.target=partition, a list of K "
-                          "probabilities or data.target_domain (or include a block such as data/cifar10_c2_target)")
+    if cfg.data.target.distribution is None and cfg.data.target.domain is None:
+        raise ConfigError("method.name=fedpals needs a target: set data.target.distribution=partition, a list of "
+                          "K probabilities or data.target.domain (or include a block such as data/cifar10_c2_target)")
     if cfg.method.lam is not None:
         cfg.method.ess_frac = None  # lam wins; keep the resolved config honest
     elif cfg.method.ess_frac is None:
@@ -47,7 +46,7 @@ class FedPALSServer(Server):
         self.T = data.target.distribution.double().numpy()
         self._solved: dict[tuple, tuple] = {}
 
-    def on_round_start(self, orch, round_idx: int, selected: list[int]) -> None:
+    def on_round_start(self, ctx, selected: list[int]) -> None:
         key = tuple(selected)
         if key not in self._solved:  # static under full participation; cached per participant set otherwise
             S, n = self.S[list(key)], self.n[list(key)]
@@ -63,7 +62,7 @@ class FedPALSServer(Server):
     def weight(self, cid: int, upload) -> float:
         return float(self.weights[cid])
 
-    def on_round_end(self, orch, round_idx: int, metrics: dict) -> None:
+    def on_round_end(self, ctx, metrics: dict) -> None:
         n = self.n[self.selected]
         metrics.update({"server/ess": ess(self.alpha, n), "server/ess_frac": ess(self.alpha, n) / n.sum(),
                         "server/label_mismatch": mismatch(self.alpha, self.S[self.selected], self.T),
@@ -71,4 +70,4 @@ class FedPALSServer(Server):
         metrics.update({f"server/alpha/{cid}": float(a) for cid, a in self.weights.items()})
 
 
-register_method("fedpals", FedPALSConfig, FedProxClient, FedPALSServer, resolve)
+register_method("fedpals", FedPALSConfig, FedProxClient, FedPALSServer, resolve, headline="test/target_acc")

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from fl.config import ConfigError
-from fl.sweep_spec import Sweep, expand, grid_values, load_sweep, make_sweep, point_args
+import yaml
+
+from fl.config import ConfigError, load_config
+from fl.sweep.spec import Sweep, expand, grid_values, load_sweep, make_sweep, point_args
 
 
 @dataclass
@@ -186,8 +188,6 @@ def make_main(argv: list[str]) -> int:
     doc = make_sweep(opts["conf"], opts["params"].split(","), opts.get("method"),
                      opts.get("metric"), opts.get("goal", "maximize"),
                      _seed_list(opts["seeds"]) if "seeds" in opts else None, int(opts.get("run_cap", 20)))
-    import yaml
-
     text = (f"# W&B sweep over {opts['params']} of conf={opts['conf']} (ranges declared in the method's config).\n"
             f"# Online: wandb sweep FILE, then wandb agent <id>. Offline: python -m fl.sweep FILE\n"
             + yaml.safe_dump(doc, sort_keys=False))
@@ -256,8 +256,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def plan_points(sweep: Sweep, points: list[dict], out: Path, seeds: list, extra: list[str]) -> list[Job]:
     """Every (point, seed) run, each checked by fl.config before anything runs."""
-    from fl.config import load_config
-
     jobs = []
     for i, point in enumerate(points):
         pid = point_id(i, point)
@@ -270,6 +268,3 @@ def plan_points(sweep: Sweep, points: list[dict], out: Path, seeds: list, extra:
             jobs.append(Job(pid, point, seed, out / f"{pid}-s{cfg.seed}"))
     return jobs
 
-
-if __name__ == "__main__":
-    sys.exit(main())

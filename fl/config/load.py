@@ -1,0 +1,270 @@
+"""From `conf=NAME key=value ...` to a typed, checked run config.
+
+A config file may `include:` others (conf/NAME.yaml: a paper protocol, a data block in conf/data/, a real
+config its synthetic twin overlays); they are merged first, in order, then the file, then the command-line
+overrides, then typed against the schema (the method's and the evaluators' blocks included) and checked.
+Bad input raises `ConfigError` with a one-line message naming the key (and file) and what would be valid.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import fields, is_dataclass, make_dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from fl.config.errors import ConfigError
+from fl.config.schema import Config
+from fl.core import registry
+
+CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
+DEFAULT_CONF = "quickstart"
+
+# Keys that may change when resuming; everything else must match the checkpointed run.
+RESUMABLE_KEYS = ("trainer.rounds", "fabric.", "logger.", "resume")
+
+# Keys that moved, old -> new: a config or override that still uses the old one is refused, naming the new.
+MOVED_KEYS = {
+    **{f"data.{old}": f"data.partition.{new}" for old, new in (
+        ("dirichlet_alpha", "alpha"), ("dirichlet_balance", "balance"), ("min_client_size", "min_client_size"),
+        ("samples_per_client", "samples_per_client"), ("classes_per_client", "classes_per_client"),
+        ("class_assignment", "class_assignment"), ("shards_per_client", "shards_per_client"),
+        ("clients_per_domain", "clients_per_domain"), ("within_domain", "within_domain"),
+        ("partition_labels", "labels"), ("partition_seed", "seed"))},
+    **{f"data.{old}": f"data.target.{new}" for old, new in (
+        ("target_val_size", "val_size"), ("target_domain", "domain"), ("target_drop_labels", "drop_labels"),
+        ("clients_follow_target", "clients_follow"))},
+    **{f"data.{k}": f"data.embedded.{k}" for k in ("num_classes", "num_domains", "samples_per_class", "channels",
+                                                    "noise")},
+    "trainer.adaptability_every": "evaluators.adaptability.every",
+    "trainer.kl_tau": "evaluators.adaptability.kl_tau",
+}
+# Groups that were single values: `data.partition=dirichlet` is now `data.partition.name=dirichlet`.
+BECAME_GROUPS = {"data.partition": "data.partition.name", "data.target": "data.target.distribution"}
+
+
+def _suggest(word: str, choices, prefix: str = "") -> str:
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
+
+
+def choices_msg(key: str, value: Any, choices) -> str:
+    choices = sorted(str(c) for c in choices)
+    return f"{key}={value!r} is not valid{_suggest(value, choices)}; choices: {', '.join(choices)}"
+
+
+def available_confs() -> list[str]:
+    """Top-level configs; conf/data/ and conf/protocol/ hold the blocks they include."""
+    return sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
+
+
+def resolve_conf_path(name: str) -> Path:
+    """`conf=NAME` names conf/NAME.yaml, or is a path to a YAML file."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") or path.parent != Path("."):
+        if path.is_file():
+            return path
+        raise ConfigError(f"conf={name!r}: file not found")
+    path = CONF_DIR / f"{name}.yaml"
+    if path.is_file():
+        return path
+    raise ConfigError(f"conf={name!r} is not a config{_suggest(name, available_confs())}; "
+                      f"choices: {', '.join(available_confs())} (or a path to a .yaml file)")
+
+
+def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
+    if isinstance(node, DictConfig):
+        return [k for key in node.keys() for k in _leaf_keys(node[key], f"{prefix}{key}.")]
+    return [prefix.rstrip(".")]
+
+
+def refuse_moved_keys(node: DictConfig, where: str) -> None:
+    """A key that moved (MOVED_KEYS) or a group set to a single value (BECAME_GROUPS) stops here, naming
+    the key to use instead."""
+    for key in _leaf_keys(node):
+        for old, new in MOVED_KEYS.items():
+            if key == old or key.startswith(old + "."):
+                raise ConfigError(f"{where}: {old} moved to {new}")
+        if key in BECAME_GROUPS:
+            value = OmegaConf.select(node, key)
+            raise ConfigError(f"{where}: {key} is a group now; write {BECAME_GROUPS[key]}={value!r}")
+
+
+def load_conf_file(path: Path, seen: tuple = ()) -> DictConfig:
+    """A YAML config; its `include: [NAME, ...]` files (conf/NAME.yaml) are merged first, in order."""
+    if path in seen:
+        raise ConfigError(f"include cycle: {' -> '.join(str(p) for p in seen + (path,))}")
+    try:
+        node = OmegaConf.load(path)
+    except Exception as err:  # a YAML syntax error, reported in one line
+        raise ConfigError(f"cannot parse {path}: {str(err).splitlines()[0]}") from None
+    includes = node.pop("include", [])
+    refuse_moved_keys(node, str(path))
+    parts = []
+    for name in [includes] if isinstance(includes, str) else includes:
+        inc = CONF_DIR / f"{name}.yaml"
+        if not inc.is_file():
+            raise ConfigError(f"{path}: include {name!r} not found (expected {inc})")
+        parts.append(load_conf_file(inc, seen + (path,)))
+    return OmegaConf.merge(*parts, node) if parts else node
+
+
+def parse_argv(argv: list[str]) -> tuple[Optional[str], list[str]]:
+    """Split CLI arguments into the conf name and OmegaConf dotlist overrides."""
+    conf, overrides = None, []
+    for arg in argv:
+        if "=" not in arg or arg.startswith("="):
+            raise ConfigError(f"argument {arg!r} is not key=value (e.g. conf=quickstart trainer.rounds=5)")
+        if arg.startswith("conf="):
+            conf = arg.split("=", 1)[1]
+        else:
+            overrides.append(arg.lstrip("-"))
+    return conf, overrides
+
+
+def _method_config_cls(name: Any):
+    if name not in registry.METHODS:
+        raise ConfigError(choices_msg("method.name", name, registry.METHODS))
+    return registry.METHODS[name].config_cls
+
+
+def _evaluator_settings():
+    """One typed block per registered evaluator: evaluators.<name>."""
+    blocks = [(name, cls.Settings, field(default_factory=cls.Settings)) for name, cls in registry.EVALUATORS.items()]
+    return make_dataclass("EvaluatorSettings", blocks)()
+
+
+def schema(method_name: Any) -> DictConfig:
+    """The structured config of a run of `method_name`: the core groups, its method block, the evaluators'."""
+    return OmegaConf.structured(Config(method=_method_config_cls(method_name)(), evaluators=_evaluator_settings()))
+
+
+def _merge(method_name: Any, *sources) -> DictConfig:
+    base = schema(method_name)
+    try:
+        return OmegaConf.merge(base, *sources)
+    except OmegaConfBaseException as err:
+        raise ConfigError(_omegaconf_message(err, base)) from None
+
+
+def _omegaconf_message(err: OmegaConfBaseException, schema_node: DictConfig) -> str:
+    key = getattr(err, "full_key", None) or "?"
+    if isinstance(err, ConfigKeyError) or "not in" in str(err):
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(schema_node, parent) if parent else schema_node
+        valid = list(node.keys()) if isinstance(node, DictConfig) else []
+        where = f"under '{parent}'" if parent else "at the top level"
+        hint = _suggest(leaf, valid, f"{parent}." if parent else "")
+        return f"unknown key '{key}'{hint}; valid keys {where}: {', '.join(valid)}"
+    if isinstance(err, ValidationError):
+        expected = ""
+        node_type = None
+        try:
+            parent, _, leaf = key.rpartition(".")
+            cls = OmegaConf.get_type(OmegaConf.select(schema_node, parent) if parent else schema_node)
+            node_type = {f.name: f.type for f in fields(cls)}.get(leaf)
+        except Exception:  # best effort: the type is a hint only
+            pass
+        if node_type is not None:
+            expected = f"; expected {node_type}" if isinstance(node_type, str) else f"; expected {node_type.__name__}"
+        value = getattr(err, "msg", str(err)).split("'")[1] if "'" in getattr(err, "msg", "") else "?"
+        return f"{key}={value!r} has the wrong type{expected}"
+    return f"{key}: {str(err).splitlines()[0]}"
+
+
+def _check_node(node: DictConfig, prefix: str) -> None:
+    cls = OmegaConf.get_type(node)
+    if not is_dataclass(cls):
+        return
+    for f in fields(cls):
+        key = f"{prefix}{f.name}"
+        value = node[f.name]
+        if isinstance(value, DictConfig):
+            _check_node(value, key + ".")
+            continue
+        meta = f.metadata
+        if not meta or value is None:
+            continue
+        if meta.get("choices") is not None and value not in meta["choices"]:
+            raise ConfigError(choices_msg(key, value, meta["choices"]))
+        for bound, ok, sym in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
+                               ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
+            b = meta.get(bound)
+            if b is not None and not ok(value, b):
+                raise ConfigError(f"{key}={value!r} is out of range; it must be {sym} {b}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Range / choice checks from the field metadata, names against the registries, the method's resolve."""
+    _check_node(cfg, "")
+    spec = registry.METHODS[cfg.method.name]
+    if spec.resolve is not None:
+        spec.resolve(cfg)
+    if cfg.data.name not in registry.DATASETS:
+        raise ConfigError(choices_msg("data.name", cfg.data.name, registry.DATASETS))
+    for name in cfg.data.augment:
+        if name not in registry.AUGMENTATIONS:
+            raise ConfigError(choices_msg("data.augment", name, registry.AUGMENTATIONS))
+    for name in cfg.trainer.evaluators or []:
+        if name not in registry.EVALUATORS:
+            raise ConfigError(choices_msg("trainer.evaluators", name, registry.EVALUATORS))
+    if cfg.model.name not in registry.MODELS:
+        raise ConfigError(choices_msg("model.name", cfg.model.name, registry.MODELS))
+    if cfg.trainer.local_steps is None and cfg.trainer.local_epochs is None:
+        raise ConfigError("trainer.local_epochs and trainer.local_steps are both null; set one of them")
+    if cfg.fabric.strategy.startswith("ddp") and cfg.fabric.accelerator == "cpu" and cfg.fabric.precision not in (
+            "32-true", "32", "64-true", "64", "bf16-mixed"):
+        raise ConfigError(f"fabric.precision={cfg.fabric.precision!r} is not supported on CPU; "
+                          "use 32-true, 64-true or bf16-mixed")
+
+
+def _method_name(*sources) -> Any:
+    name = "fedavg"
+    for src in sources:
+        picked = OmegaConf.select(src, "method.name", default=None)
+        if picked is not None:
+            name = picked
+    return name
+
+
+def load_config(argv: list[str]) -> DictConfig:
+    """Build the run config from `conf=NAME key=value ...`; raises ConfigError on bad input."""
+    registry.load_plugins()
+    conf, overrides = parse_argv(argv)
+    try:
+        cli = OmegaConf.from_dotlist(overrides)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"cannot parse overrides {overrides}: {str(err).splitlines()[0]}") from None
+    refuse_moved_keys(cli, "command line")
+    resume = OmegaConf.select(cli, "resume", default=None)
+    if resume is not None:
+        base = _resume_base(resume, conf, cli)
+    else:
+        base = load_conf_file(resolve_conf_path(conf or DEFAULT_CONF))
+    file_method, cli_method = _method_name(base), OmegaConf.select(cli, "method.name", default=None)
+    if cli_method is not None and cli_method != file_method and "method" in base:
+        base.method = {"name": cli_method}  # the file's hyperparameters belong to the file's method
+    cfg = _merge(_method_name(base, cli), base, cli)
+    if cfg.trainer.local_steps is not None:
+        cfg.trainer.local_epochs = None  # steps win; keep the resolved config honest
+    validate(cfg)
+    return cfg
+
+
+def _resume_base(resume: str, conf: Optional[str], cli: DictConfig) -> DictConfig:
+    run_dir = Path(resume)
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"resume={resume!r}: no config.yaml there; pass a run directory made by fl.train")
+    if conf is not None:
+        raise ConfigError("conf= cannot be combined with resume=; the run's own config.yaml is used")
+    for key in _leaf_keys(cli):
+        if not key.startswith(RESUMABLE_KEYS):
+            raise ConfigError(f"{key} cannot change when resuming; only {', '.join(RESUMABLE_KEYS)} may")
+    return OmegaConf.load(saved)
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)

@@ -1,0 +1,194 @@
+"""The typed run configuration: OmegaConf structured dataclasses with validation metadata.
+
+Every key a user can set is declared here, in a method's own config class (registered under the method's
+name), or in an evaluator's settings class; fl/config/load.py builds the schema of a run from them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+
+def param(default: Any, *, ge=None, gt=None, le=None, lt=None, choices=None, search=None, help: str = ""):
+    """A dataclass field with validation metadata.
+
+    `search` is the sweep range a method declares for its hyperparameter, e.g.
+    {"distribution": "log_uniform_values", "min": 1e-3, "max": 1.0} or {"values": [...]}.
+    """
+    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "search": search, "help": help}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class TrainerConfig:
+    rounds: int = param(20, ge=1, help="communication rounds")
+    local_epochs: Optional[int] = param(1, ge=1, help="local passes over the client's data (ignored if local_steps is set)")
+    local_steps: Optional[int] = param(None, ge=1, help="local optimizer steps per round; overrides local_epochs")
+    batch_size: int = param(32, ge=1)
+    drop_last: bool = False
+    participation: float = param(1.0, gt=0.0, le=1.0, help="fraction of clients sampled each round")
+    eval_every: int = param(1, ge=1, help="evaluate every k rounds (and always at the last round)")
+    eval_batch_size: int = param(1024, ge=1)
+    checkpoint_every: int = param(5, ge=0, help="checkpoint every k rounds; 0 = only at the end")
+    last_k: int = param(5, ge=1, help="summary reports the mean over the last K evaluations")
+    evaluators: Optional[list] = param(None, help="extra evaluation metrics to compute (see fl.metrics.evaluators); "
+                                       "null = every evaluator registered as default, [] = none")
+
+
+@dataclass
+class OptimConfig:
+    name: str = param("sgd", choices=["sgd", "adam", "adamw"])
+    lr: float = param(0.05, gt=0.0)
+    momentum: float = param(0.0, ge=0.0, lt=1.0)
+    weight_decay: float = param(0.0, ge=0.0)
+    round_schedule: str = param("constant", choices=["constant", "cosine"],
+                                help="learning rate per round: cosine = min_lr + (lr - min_lr)(1 + cos(pi r / R)) / 2")
+    min_lr: float = param(0.0, ge=0.0, help="cosine schedule: the learning rate it decays to")
+
+
+@dataclass
+class FabricConfig:
+    accelerator: str = param("cpu", choices=["cpu", "cuda", "gpu", "mps", "auto"])
+    devices: Any = 1
+    strategy: str = param("auto", choices=["auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "dp"])
+    precision: str = param(
+        "32-true", choices=["32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
+    )
+    num_nodes: int = param(1, ge=1)
+    cpu_threads: Optional[int] = param(None, ge=1, help="torch intra-op threads per process; CPU kernels reduce "
+                                       "in a thread-dependent order, so fix it to compare runs bitwise")
+
+
+@dataclass
+class PartitionConfig:
+    """How the pool is split over the clients (fl/data/partition.py)."""
+    name: str = param("dirichlet", choices=["iid", "dirichlet", "dirichlet_per_client", "classes", "shards", "domains"])
+    alpha: float = param(0.5, gt=0.0, help="concentration of the Dirichlet label split")
+    balance: bool = param(False, help="dirichlet: a client already holding N/M samples gets no more (fedlab)")
+    min_client_size: int = param(10, ge=1, help="dirichlet: the split is redrawn until every client has this many "
+                                 "samples")
+    samples_per_client: Optional[int] = param(None, ge=1, help="dirichlet_per_client: samples per client "
+                                              "(default: the pool divided evenly)")
+    classes_per_client: int = param(2, ge=1, help="classes / domains+classes: classes held by each client")
+    class_assignment: str = param("round_robin", choices=["round_robin", "random"],
+                                  help="round_robin: consecutive classes of a random permutation; "
+                                  "random: NIID-Bench #C=k (class p mod K plus random others)")
+    shards_per_client: int = param(5, ge=1, help="shards: label-sorted shards per client (FedDRM's S-SPC)")
+    clients_per_domain: int = param(1, ge=1, help="domains: clients carved out of each domain")
+    within_domain: str = param("iid", choices=["iid", "dirichlet", "classes"],
+                               help="domains: label skew inside each domain (classes = FedMosaic's hybrid)")
+    labels: str = param("label", choices=["label", "fine"],
+                        help="fine: partition on CIFAR-100's fine labels while training on coarse (FedDRM)")
+    seed: Optional[int] = param(None, help="seed of the split; defaults to the run seed")
+
+
+@dataclass
+class TargetConfig:
+    """A target client with its own label distribution (FedPALS): validation and test data follow it."""
+    distribution: Any = param(None, help="null, 'partition' (one more partition is the target) or K probabilities")
+    domain: Optional[str] = param(None, help="hold this domain out as the target client (FedPALS' PACS)")
+    val_size: int = param(500, ge=1, help="target validation samples (from the official test split) when "
+                          "data.target.distribution is a list of probabilities")
+    drop_labels: list = param([], help="labels removed from the target's validation and test data")
+    clients_follow: bool = param(False, help="redraw every client's data with the target's label mix, keeping n_i "
+                                 "(FedPALS' Oracle baseline)")
+
+
+@dataclass
+class EmbeddedConfig:
+    """The procedurally generated datasets (data.name=embedded | embedded_domains)."""
+    num_classes: int = param(10, ge=2)
+    num_domains: int = param(4, ge=1, le=6, help="embedded_domains: number of visual styles")
+    samples_per_class: int = param(300, ge=4, help="embedded: images per class; embedded_domains: training "
+                                   "images per class and domain (a third as many test images)")
+    channels: int = param(3, ge=1)
+    noise: float = param(0.6, ge=0.0, help="pixel noise std of the embedded dataset (harder when larger)")
+
+
+@dataclass
+class DataConfig:
+    name: str = param("embedded", help="dataset name (see fl.data registry)")
+    root: str = param("data", help="where datasets live and the embedded dataset is cached")
+    on_device: bool = param(True, help="keep all client data on the accelerator (index batching); false keeps "
+                            "it in host memory and moves each batch")
+    download: bool = param(False, help="let torchvision download the dataset where it can (needs a network)")
+    variant: Optional[str] = param(None, help="dataset-specific variant, e.g. the EMNIST split")
+    image_size: Optional[int] = param(None, ge=8, help="side of the (square) images; None = the dataset's default")
+    num_clients: int = param(20, ge=1)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    pool_splits: bool = param(False, help="merge the official train and test splits before partitioning (FedDRM)")
+    test_split: str = param("client", choices=["client", "official"],
+                            help="client: hold out test_fraction of each client's samples; official: draw each "
+                            "client's test set from the official test split with its own (domain, label) mix")
+    test_fraction: float = param(0.2, gt=0.0, lt=1.0, help="share of each client's samples held out as its test split")
+    train_fraction: float = param(1.0, gt=0.0, le=1.0, help="keep this share of each client's training set "
+                                  "(pFedFDA's data scarcity)")
+    max_client_train: Optional[int] = param(None, ge=1, help="cap on each client's training set (FedBN/FedMosaic)")
+    client_train_fraction: Optional[list] = param(None, help="per client, share of its training set kept "
+                                                  "(overrides train_fraction)")
+    drop_labels: Optional[list] = param(None, help="per client, labels removed from its data, e.g. [[0], [1], [2]]")
+    public_size: int = param(0, ge=0, help="size of the unlabeled public set held out from all clients (FedMosaic)")
+    target: TargetConfig = field(default_factory=TargetConfig)
+    client_transform: str = param("none", choices=["none", "feddrm_color", "cifar_s"],
+                                  help="per-client covariate shift applied to each client's train and test data")
+    augment: list = param([], help="training-time augmentation, applied per sample on the device in this order: "
+                          "flip, crop (pad 4), resized_crop (scale 0.9-1), rotate (+-30 degrees)")
+    embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
+
+
+@dataclass
+class ModelConfig:
+    name: str = param("cnn", help="model name (see fl.models registry)")
+    width: int = param(32, ge=1, help="channels of the first conv / hidden units")
+    norm: str = param("none", choices=["none", "batch", "group"], help="cnn: normalisation after each conv")
+    groups: int = param(0, ge=0, help="resnet18 with norm=group: GroupNorm groups per layer; 0 = channels // 32 "
+                        "(groups of 32 channels, pFedFDA's ResNet-18-GN)")
+    stem: str = param("auto", choices=["auto", "cifar", "imagenet"],
+                      help="resnet18 stem: cifar = 3x3 conv, no max-pool; imagenet = 7x7/2 conv + 3x3/2 max-pool; "
+                      "auto = cifar for inputs up to 32 px, imagenet above (pFedFDA's TinyImageNet ResNet)")
+
+
+@dataclass
+class MethodConfig:
+    """Base of every method's typed hyperparameter block."""
+    name: str = "fedavg"
+
+
+@dataclass
+class WandbConfig:
+    mode: str = param("auto", choices=["auto", "online", "offline", "disabled"],
+                      help="auto = online when an API key is configured, else offline")
+    project: str = "fl"
+    entity: Optional[str] = None
+    group: Optional[str] = param(None, help="defaults to <dataset>/<partition>")
+    tags: list = param([])
+
+
+@dataclass
+class LoggerConfig:
+    output_dir: str = "outputs"
+    run_name: Optional[str] = param(None, help="defaults to <time>-<method>-<dataset>-s<seed>")
+    progress: bool = True
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class Config:
+    seed: int = param(0, ge=0)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fabric: FabricConfig = field(default_factory=FabricConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    evaluators: Any = param(None, help="settings of the evaluators, one typed block each (evaluators.<name>)")
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    resume: Optional[str] = param(None, help="run directory to continue from its last checkpoint")
+
+
+def search_spaces(method_cls) -> dict[str, dict]:
+    """Sweep ranges a method config declares for its hyperparameters (used by sweep generation)."""
+    return {f"method.{f.name}": f.metadata["search"] for f in fields(method_cls)
+            if f.metadata and f.metadata.get("search")}

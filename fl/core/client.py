@@ -1,0 +1,260 @@
+"""ClientModule: the LightningModule a method subclasses. Its `training_step` holds the paper's client loss.
+
+One instance lives on each process for the whole run; the loop swaps each client's state in and out of
+it. A round for client i is:
+
+    module.receive(server.broadcast(i))      # what the server sends
+    module.load_client_state(store[i])       # what stayed on the client (None on its first visit)
+    module.fit_local(optimizer, ...)         # on_local_train_start / training_step ... / on_local_epoch_end
+                                             # / on_local_train_end over the client's data
+    module.upload()                          # what goes back: parameters to average, a weight, a message
+    store[i] = module.client_state()         # what stays private, moved off the accelerator
+
+Evaluation swaps each client in the same way, then calls `personalize()` and scores `predict` through
+`eval_pass`.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import Tensor
+
+from fl.core.batches import augment, batch_indices
+from fl.core.federated_data import FederatedData, Split
+from fl.core.optim import build_optimizer, round_lr
+from fl.core.registry import build_model
+from fl.core.seeding import generator, seed_torch
+
+HEAD = "model.head."  # state_dict prefix of the classifier head of every model (models are head(backbone(x)))
+
+
+@dataclass
+class Upload:
+    """What one client sends back after local training.
+
+    params:  tensors the server averages over clients, weighted by `Server.weight(cid, upload)`
+             (the loop reduces them across processes with a float64 all-reduce)
+    weight:  the client's raw aggregation weight; FedAvg uses its number of training samples n_i
+    message: anything else the server needs (statistics, predictions on a public set, scores);
+             gathered from every process, in client order, before the server step
+    """
+    params: dict[str, Tensor] = field(default_factory=dict)
+    weight: float = 1.0
+    message: dict[str, Any] = field(default_factory=dict)
+
+
+def _to(obj: Any, device) -> Any:
+    """A copy of `obj` with every tensor moved to `device` (CPU copies are detached clones)."""
+    if torch.is_tensor(obj):
+        return obj.detach().to(device, copy=True)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(v, device) for v in obj)
+    return copy.deepcopy(obj)
+
+
+class ClientModule(L.LightningModule):
+    #: keep each client's optimizer state (e.g. momentum) in the state store across rounds
+    keep_optimizer_state: bool = False
+    #: attributes each client keeps between rounds (in the state store); a client's first visit starts
+    #: from their values after __init__
+    persistent: tuple[str, ...] = ()
+    #: whether the shared part (cid -1) is a complete model worth scoring on the pooled test set
+    has_global_model: bool = True
+
+    def __init__(self, cfg: DictConfig, data: FederatedData):
+        super().__init__()
+        self.cfg = cfg
+        self.hp = cfg.method  # the method's typed hyperparameters, under the paper's names
+        self.num_classes = data.num_classes
+        self.model = build_model(cfg, data.input_shape, data.num_classes)
+        self.cid = -1  # the client whose state is loaded; -1 = the global model
+        self.round = -1
+        self.num_train = 0
+        self.data: Optional[FederatedData] = None  # the run's data on the training device, set by attach()
+        self._initial_private: dict[str, Tensor] = {}
+        self._initial_persistent: dict[str, Any] = {}
+        self._local_optimizer = None  # the optimizer of the running fit_local
+        self._input_dtype = torch.float32
+
+    def attach(self, data: FederatedData) -> None:
+        """Called once by the loop: the run's data, on the training device, in the model's dtype."""
+        self.data = data
+        self._input_dtype = next(self.parameters()).dtype
+
+    @property
+    def lr(self) -> float:
+        """This round's learning rate (`optim.round_schedule`)."""
+        return round_lr(self.cfg, self.round)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model(x)
+
+    # ---- what stays private -------------------------------------------------------------------
+    def is_private(self, key: str) -> bool:
+        """True for state_dict entries that never leave the client (e.g. a personal head)."""
+        return False
+
+    def shared_state(self) -> dict[str, Tensor]:
+        return {k: v for k, v in self.state_dict().items() if not self.is_private(k)}
+
+    def private_state(self) -> dict[str, Tensor]:
+        return {k: v for k, v in self.state_dict().items() if self.is_private(k)}
+
+    def snapshot_initial_state(self) -> None:
+        """Called once after initialisation: a client's private part and persistent attributes start from
+        these values."""
+        self._initial_private = {k: v.detach().cpu().clone() for k, v in self.private_state().items()}
+        self._initial_persistent = {name: _to(getattr(self, name), "cpu") for name in self.persistent}
+
+    # ---- communication ------------------------------------------------------------------------
+    def receive(self, payload: dict[str, Any]) -> None:
+        """Load what the server broadcast; by default its (shared) parameters."""
+        params = payload.get("params")
+        if params:
+            self.load_state_dict(params, strict=False)
+
+    def upload(self) -> Upload:
+        """What this client sends back; by default every shared tensor, weighted by n_i."""
+        return Upload(params={k: v.detach() for k, v in self.shared_state().items()}, weight=float(self.num_train))
+
+    # ---- persistent client state ----------------------------------------------------------------
+    def client_state(self) -> dict[str, Any]:
+        """What this client keeps between rounds, on the CPU: its private tensors and `persistent`
+        attributes."""
+        state = {"private": {k: v.detach().cpu().clone() for k, v in self.private_state().items()}}
+        state.update({name: _to(getattr(self, name), "cpu") for name in self.persistent})
+        return state
+
+    def load_client_state(self, state: Optional[dict[str, Any]]) -> None:
+        """Restore what `client_state` returned (None on a client's first visit: the initial values)."""
+        private = state["private"] if state is not None else self._initial_private
+        if private:
+            self.load_state_dict(private, strict=False)
+        source = state if state is not None else self._initial_persistent
+        device = next(self.parameters()).device
+        for name in self.persistent:
+            setattr(self, name, _to(source[name], device))
+
+    # ---- local training -----------------------------------------------------------------------
+    def train_split(self, data: FederatedData, cid: int) -> Split:
+        return data.clients[cid].train
+
+    def configure_optimizers(self):
+        return build_optimizer(self.cfg, self.parameters(), self.lr)
+
+    def optimizers(self, use_pl_optimizer: bool = True):
+        """The optimizer of the running `fit_local` (for manual optimization)."""
+        return self._local_optimizer
+
+    def make_batch(self, split: Split, idx, augment_gen: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor]:
+        """(x, y) of `split[idx]` on the device, normalised in the model's dtype; with a generator, augmented
+        first (`data.augment`), as training batches are."""
+        device = self.fabric.device if self.fabric is not None else next(self.parameters()).device
+        x, y = split.x[idx].to(device, non_blocking=True), split.y[idx].to(device, non_blocking=True)
+        if augment_gen is not None:
+            x = augment(x, self.cfg.data.augment, augment_gen)
+        return self.data.prepare(x, self._input_dtype), y
+
+    def fit_local(self, optimizer, *, epochs: Optional[int] = None, steps: Optional[int] = None,
+                  purpose: str = "train", hooks: bool = True) -> dict[str, float]:
+        """Run `training_step` over this client's training split, `epochs` passes or `steps` batches, with
+        batches, augmentation and torch's RNG seeded by (seed, round, client, purpose). With
+        `automatic_optimization` each step is zero_grad / backward / step of `optimizer`; otherwise the step
+        does it through `self.optimizers()`. `hooks=False` skips the on_local_* hooks (a phase inside
+        them). Returns the mean of the logged scalars."""
+        fabric, t, seed = self.fabric, self.cfg.trainer, self.cfg.seed
+        train = self.train_split(self.data, self.cid)
+        self.num_train = len(train)
+        previous, self._local_optimizer = self._local_optimizer, optimizer
+        seed_torch(seed, self.round, self.cid, purpose)
+        gen = generator(seed, self.round, self.cid, purpose)
+        aug = generator(seed, self.round, self.cid, purpose + "/augment") if self.cfg.data.augment else None
+        self.train()
+        if hooks:
+            self.on_local_train_start()
+        sums: dict[str, Tensor] = {}
+        n_steps = 0
+        for epoch, idx in batch_indices(len(train), t.batch_size, gen, epochs=epochs, steps=steps,
+                                        drop_last=t.drop_last):
+            if idx is None:  # end of a pass over the data
+                if hooks:
+                    self.on_local_epoch_end(epoch)
+                continue
+            with fabric.autocast():
+                out = self.training_step(self.make_batch(train, idx.to(train.y.device, non_blocking=True), aug),
+                                         n_steps)
+            out = out if isinstance(out, dict) else {"loss": out}
+            if self.automatic_optimization:
+                optimizer.zero_grad(set_to_none=True)
+                fabric.backward(out["loss"])
+                optimizer.step()
+            for k, v in out.items():
+                v = v.detach() if torch.is_tensor(v) else torch.tensor(float(v))
+                sums[k] = sums[k] + v if k in sums else v.clone()
+            n_steps += 1
+        if hooks:
+            self.on_local_train_end()
+        self._local_optimizer = previous
+        return {k: float(v) / max(n_steps, 1) for k, v in sums.items()}
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int):
+        """Return the loss, or a dict with 'loss' and other scalars to log as client/<i>/<name>."""
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def on_local_train_start(self) -> None:
+        pass
+
+    def on_local_epoch_end(self, epoch: int) -> None:
+        pass
+
+    def on_local_train_end(self) -> None:
+        pass
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    def eval_pass(self, split: Split, fn: Optional[Callable[[Tensor], Tensor]] = None, *,
+                  batch_size: Optional[int] = None, start: int = 0, stride: int = 1,
+                  autocast: bool = True) -> Iterator[tuple[Tensor, Tensor]]:
+        """(fn(x), y) for consecutive batches of `split` (default fn: `predict`), in eval mode, without
+        gradients and without augmentation; batches start, start + stride, ... of `batch_size`
+        (`trainer.eval_batch_size`), so processes can share a pass. The train/eval mode is restored
+        once the pass is consumed."""
+        fn = fn or self.predict
+        bs = batch_size or self.cfg.trainer.eval_batch_size
+        was_training = self.training
+        self.eval()
+        try:
+            for begin in range(start * bs, len(split), stride * bs):
+                with torch.no_grad():
+                    x, y = self.make_batch(split, slice(begin, begin + bs))
+                    if autocast:
+                        with self.fabric.autocast():
+                            out = fn(x)
+                    else:
+                        out = fn(x)
+                yield out, y
+        finally:
+            self.train(was_training)
+
+    def personalize(self) -> Optional[dict[str, float]]:
+        """Runs before this client's evaluation (e.g. fine-tuning); its changes are not kept. May return
+        scalars to log as client/<i>/<name> on evaluation rounds."""
+        return None
+
+    def predict(self, x: Tensor) -> Tensor:
+        """Logits of the client's model (the global model when cid == -1)."""
+        return self(x)
+
+    def route_scores(self, x: Tensor) -> Optional[Tensor]:
+        """A router's scores [B, num_clients]: a query goes to the argmax client, whose model then predicts
+        (fl/metrics/system.py). Computed from the server's model (cid == -1). None (the default) = no
+        router; system accuracy is then the majority vote of all client models."""
+        return None

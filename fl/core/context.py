@@ -1,0 +1,37 @@
+"""What a server hook or an evaluator gets each round: a small context, not the loop."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from lightning.fabric import Fabric
+from omegaconf import DictConfig
+
+from fl.core.client import ClientModule
+from fl.core.federated_data import FederatedData
+
+
+@dataclass
+class RoundContext:
+    """round: the round index (0-based); fabric: device, world size and collectives (`all_reduce`);
+    data: the run's data on the device; cfg: the run's config."""
+    round: int
+    fabric: Fabric
+    data: FederatedData
+    cfg: DictConfig
+
+    def log_histogram(self, key: str, values: Iterable[float]) -> None:
+        """A per-round distribution for the dashboards, sent to every logger that draws histograms (W&B);
+        scalars go through the metrics dict."""
+        for logger in self.fabric.loggers:
+            draw = getattr(logger, "log_histogram", None)
+            if draw is not None:
+                draw(key, [float(v) for v in values], self.round)
+
+
+@dataclass
+class EvalContext(RoundContext):
+    """An evaluator's context: also the process's ClientModule and `load_client(cid)`, which swaps client
+    cid (-1: the global model) into it, as evaluation and training do."""
+    module: ClientModule = None
+    load_client: Callable[[int], ClientModule] = None

@@ -1,0 +1,119 @@
+"""Evaluation: each client's model on its own test split, the global model on the pooled test set, and the
+Evaluator interface through which every other evaluation metric plugs in (fl/metrics/)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.classification import MulticlassAccuracy
+
+from fl.core.context import EvalContext
+from fl.core.exchange import gather_objects
+
+
+class GroupedAccuracy(Metric):
+    """Correct / total per group (a client, a class, ...), as float64 counts summed across processes."""
+
+    full_state_update = False
+
+    def __init__(self, num_groups: int, **kwargs):
+        super().__init__(**kwargs)
+        self.add_state("correct", torch.zeros(num_groups, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("total", torch.zeros(num_groups, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor, target: Tensor, group: Optional[int] = None) -> None:
+        """All samples in one `group`, or (group=None) each sample in the group of its true class."""
+        if group is None:
+            K = self.total.numel()
+            self.total += torch.bincount(target, minlength=K).to(self.total.dtype)
+            self.correct += torch.bincount(target[preds == target], minlength=K).to(self.correct.dtype)
+        else:
+            self.correct[group] += (preds == target).sum()
+            self.total[group] += target.numel()
+
+    def compute(self) -> tuple[Tensor, Tensor]:
+        return self.correct.clone(), self.total.clone()
+
+    def counts(self) -> tuple[Tensor, Tensor]:
+        """(correct, total) per group, summed across processes (torchmetrics squeezes a 1-element compute()
+        result; these stay vectors)."""
+        return tuple(t.reshape(-1) for t in self.compute())
+
+
+def summarize_clients(correct: Tensor, total: Tensor, train_sizes: list[int], prefix: str = "test/") -> dict[str, float]:
+    """acc_mean_clients (unweighted), acc_weighted (by test size), acc_weighted_train (by train size,
+    FedDRM's Table 2), acc_micro (pooled correct / pooled total), std across clients (unbiased) and
+    the mean of the worst 10% of clients (at least one). Clients without test samples are skipped."""
+    has = total > 0
+    acc = correct[has] / total[has]
+    test_w = total[has] / total[has].sum()
+    train = torch.tensor(train_sizes, dtype=torch.float64, device=acc.device)[has]
+    k = max(1, math.ceil(0.1 * len(acc)))
+    out = {
+        "acc_mean_clients": acc.mean(),
+        "acc_weighted": (test_w * acc).sum(),
+        "acc_weighted_train": (train / train.sum() * acc).sum(),
+        "acc_micro": correct[has].sum() / total[has].sum(),
+        "acc_std_clients": acc.std() if len(acc) > 1 else torch.zeros((), dtype=acc.dtype),
+        "acc_worst10": acc.sort().values[:k].mean(),
+    }
+    return {prefix + k: float(v) for k, v in out.items()}
+
+
+@dataclass
+class NoSettings:
+    """An evaluator without settings of its own."""
+
+
+class Evaluator:
+    """A metric every method gets on evaluation rounds (system accuracy, adaptability, ...). Register a
+    subclass with `@register_evaluator`; `trainer.evaluators` names the ones that run (null = those with
+    `default = True`), and its settings are the typed block `evaluators.<name>` (`Settings`).
+
+    The loop builds one instance per process for the run, so an evaluator keeps its own state. Every
+    process calls `evaluate` (collectives are allowed) and it must return the same dict on every process.
+    """
+
+    name: ClassVar[str]
+    default: ClassVar[bool] = True
+    Settings: ClassVar[type] = NoSettings
+
+    def __init__(self, settings: Any):
+        self.hp = settings
+
+    def on_local_model(self, ctx: EvalContext, cid: int) -> None:
+        """Right after client cid's local training, before its upload is reduced, on the process that
+        trained it (`ctx.module` holds the local model; leave its weights alone)."""
+
+    def evaluate(self, ctx: EvalContext) -> dict[str, float]:
+        raise NotImplementedError
+
+
+def evaluate_clients(ctx: EvalContext) -> dict[str, float]:
+    """Each client's model on its own test split (after `personalize`, whose scalars are logged as
+    client/<i>/<name>), and the global model on the pooled test set when the method has one."""
+    fabric, data, m = ctx.fabric, ctx.data, ctx.module
+    per_client = GroupedAccuracy(data.num_clients).to(fabric.device)
+    logs: dict[int, dict[str, float]] = {}
+    for cid in range(fabric.global_rank, data.num_clients, fabric.world_size):
+        ctx.load_client(cid)
+        logs[cid] = m.personalize() or {}
+        for logits, y in m.eval_pass(data.clients[cid].test):
+            per_client.update(logits.argmax(1), y, cid)
+    correct, total = per_client.counts()
+    metrics = summarize_clients(correct, total, data.train_sizes())
+    acc = (correct / total.clamp_min(1)).tolist()
+    metrics.update({f"client/{i}/acc": a for i, a in enumerate(acc)})
+    for part in gather_objects(fabric, logs):
+        metrics.update({f"client/{cid}/{k}": float(v) for cid, values in part.items() for k, v in values.items()})
+    if m.has_global_model:
+        ctx.load_client(-1)
+        pooled = MulticlassAccuracy(data.num_classes, average="micro").to(fabric.device)
+        for logits, y in m.eval_pass(data.pooled_test(), start=fabric.global_rank, stride=fabric.world_size):
+            pooled.update(logits.argmax(1), y)
+        metrics["test/acc_global"] = float(pooled.compute())
+    return metrics

@@ -1,0 +1,116 @@
+"""The federated data the loop trains on: one (train, test) split per client, as tensors kept on the device for
+index batching. Loaders (fl/data/) produce it; the loop, the methods and the evaluators read it."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Split:
+    """Inputs, labels and (optionally) a domain id per sample. Images may be stored as uint8 [N, C, H, W];
+    `FederatedData.prepare` turns a batch into normalised floats."""
+    x: Tensor
+    y: Tensor
+    domain: Optional[Tensor] = None
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def to(self, device, dtype: Optional[torch.dtype] = None) -> "Split":
+        """Move to `device`; floating inputs are cast to `dtype` (the model's, e.g. float64 under 64-true)."""
+        x = self.x.to(device, dtype) if dtype is not None and self.x.is_floating_point() else self.x.to(device)
+        return Split(x, self.y.to(device), None if self.domain is None else self.domain.to(device))
+
+    def subset(self, idx: Tensor) -> "Split":
+        return Split(self.x[idx], self.y[idx], None if self.domain is None else self.domain[idx])
+
+    @staticmethod
+    def cat(splits: list["Split"]) -> "Split":
+        domains = [s.domain for s in splits]
+        domain = None if any(d is None for d in domains) else torch.cat(domains)
+        return Split(torch.cat([s.x for s in splits]), torch.cat([s.y for s in splits]), domain)
+
+
+@dataclass
+class Target:
+    """A target client with its own label distribution (FedPALS): validation and test data follow it."""
+    distribution: Tensor  # [K], sums to 1
+    val: Split
+    test: Split
+
+
+@dataclass
+class ClientData:
+    train: Split
+    test: Split
+    domain: int = 0
+
+
+@dataclass
+class FederatedData:
+    name: str
+    num_classes: int
+    input_shape: tuple
+    clients: list[ClientData]
+    partition: list[Tensor] = field(repr=False, default_factory=list)  # index lists into the pool, hashed
+    global_test: Optional[Split] = None  # the dataset's own test set, when the clients' tests come from elsewhere
+    public: Optional[Split] = None  # unlabeled public set held out from all clients (labels: diagnostics only)
+    target: Optional[Target] = None
+    mean: Optional[tuple[float, ...]] = None  # normalisation of uint8 images, see prepare()
+    std: Optional[tuple[float, ...]] = None
+    class_names: list[str] = field(default_factory=list)
+    domain_names: list[str] = field(default_factory=list)
+
+    def prepare(self, x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """A batch as the model sees it: uint8 images become normalised floats; float inputs pass through."""
+        if x.dtype != torch.uint8:
+            return x
+        x = x.to(dtype).div_(255)
+        if self.mean is not None:
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            x = x.sub_(torch.tensor(self.mean, dtype=dtype, device=x.device).view(shape)).div_(
+                torch.tensor(self.std, dtype=dtype, device=x.device).view(shape))
+        return x
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    def train_sizes(self) -> list[int]:
+        return [len(c.train) for c in self.clients]
+
+    def test_sizes(self) -> list[int]:
+        return [len(c.test) for c in self.clients]
+
+    def label_counts(self, split: str = "train") -> Tensor:
+        """[num_clients, num_classes] label histogram of each client's train or test split."""
+        return torch.stack([torch.bincount(getattr(c, split).y.cpu(), minlength=self.num_classes)
+                            for c in self.clients])
+
+    def pooled_test(self) -> Split:
+        return self.global_test if self.global_test is not None else Split.cat([c.test for c in self.clients])
+
+    def pooled_train(self) -> Split:
+        return Split.cat([c.train for c in self.clients])
+
+    def fingerprint(self) -> str:
+        """Hash of the per-client index lists: two runs with the same fingerprint used the same split."""
+        h = hashlib.sha256(self.name.encode())
+        for idx in self.partition:
+            h.update(idx.to(torch.int64).numpy().tobytes())
+            h.update(b"|")
+        return h.hexdigest()[:16]
+
+    def to(self, device, dtype: Optional[torch.dtype] = None) -> "FederatedData":
+        move = lambda s: None if s is None else s.to(device, dtype)  # noqa: E731
+        clients = [ClientData(move(c.train), move(c.test), c.domain) for c in self.clients]
+        target = None if self.target is None else Target(self.target.distribution, move(self.target.val),
+                                                         move(self.target.test))
+        return dataclasses.replace(self, clients=clients, global_test=move(self.global_test),
+                                   public=move(self.public), target=target)

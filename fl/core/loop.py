@@ -1,0 +1,222 @@
+"""The round loop on one Fabric, reused for the whole run.
+
+Each round: draw the clients (a stream fixed by the seed, the same for every method), spread them over
+the processes, train each one in the long-lived ClientModule with its state swapped in, reduce the
+uploads (fl/core/exchange.py), run the server step, evaluate (fl/core/evaluation.py), log and checkpoint.
+"""
+from __future__ import annotations
+
+import math
+import signal
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from lightning.fabric import Fabric
+from omegaconf import DictConfig
+
+from fl.core.client import ClientModule, Upload
+from fl.core.context import EvalContext, RoundContext
+from fl.core.evaluation import Evaluator, evaluate_clients
+from fl.core.exchange import LocalResult, WeightedSum, all_finite, exchange, payload_bytes, to_cpu
+from fl.core.federated_data import FederatedData
+from fl.core.registry import EVALUATORS, METHODS
+from fl.core.seeding import derive_seed, seed_torch
+from fl.core.server import Server
+from fl.core.state import ClientStateStore, load_checkpoint, save_checkpoint
+
+
+class TrainingFault(RuntimeError):
+    """A non-finite loss or parameter: the run stops, the last good checkpoint is left as it was."""
+
+
+class Interrupted(RuntimeError):
+    """Ctrl-C: a checkpoint of the last completed round was written."""
+
+
+def sample_clients(seed: int, round_idx: int, num_clients: int, participation: float) -> list[int]:
+    """The clients drawn in a round: depends only on (seed, round), never on the method."""
+    k = max(1, round(participation * num_clients))
+    if k >= num_clients:
+        return list(range(num_clients))
+    rng = np.random.default_rng(derive_seed(seed, round_idx, -1, "sample"))
+    return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
+
+
+def enabled_evaluators(cfg: DictConfig) -> list[Evaluator]:
+    """One instance of each evaluator `trainer.evaluators` names (null: every default one), with its
+    `evaluators.<name>` settings."""
+    names = cfg.trainer.evaluators
+    names = [n for n, cls in EVALUATORS.items() if cls.default] if names is None else list(names)
+    settings = cfg.get("evaluators") or {}
+    return [EVALUATORS[n](settings.get(n)) for n in names]
+
+
+class Orchestrator:
+    def __init__(self, cfg: DictConfig, fabric: Fabric, data: FederatedData, server: Server, run_dir: Path):
+        self.cfg = cfg
+        self.fabric = fabric
+        self.server = server
+        self.store = ClientStateStore()
+        self.history: list[dict] = []
+        self.start_round = 0
+        self.evaluators = enabled_evaluators(cfg)
+        self._stop_requested = False
+        self._last_broadcast_bytes = 0
+        with fabric.init_module():
+            seed_torch(cfg.seed, 0, -1, "init")  # every client and the server start from one model
+            self.module: ClientModule = METHODS[cfg.method.name].client_cls(cfg, data)
+        # client data lives on the device, in the model's dtype, for index batching
+        dtype = next(self.module.parameters()).dtype
+        self.data = data.to(fabric.device if cfg.data.on_device else "cpu", dtype)
+        self.module.fabric = fabric  # LightningModule's Fabric integration: manual_backward, autocast
+        self.module.attach(self.data)
+        self.module.snapshot_initial_state()
+        server.setup(self.module, self.data)
+        self.ckpt_path = run_dir / "checkpoints" / "last.ckpt"
+
+    # ---- the run ------------------------------------------------------------------------------
+    def fit(self, progress=None) -> list[dict]:
+        """Rounds start_round .. rounds-1; returns the metric history (one dict per round). `progress`, if
+        given, gets update(round, metrics) after each round and close() at the end."""
+        cfg, fabric = self.cfg, self.fabric
+        rounds = cfg.trainer.rounds
+        previous = signal.signal(signal.SIGINT, self._on_sigint) if fabric.world_size == 1 else None
+        try:
+            for rnd in range(self.start_round, rounds):
+                metrics = self.run_round(rnd)
+                fabric.log_dict(metrics, step=rnd)
+                self.history.append({"round": rnd, **metrics})
+                last = rnd == rounds - 1
+                every = cfg.trainer.checkpoint_every
+                if last or (every and (rnd + 1) % every == 0):
+                    self.save(rnd)
+                if progress is not None:
+                    progress.update(rnd, metrics)
+                if self._stop_requested and not last:
+                    self.save(rnd)
+                    raise Interrupted(f"interrupted after round {rnd}")
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+            if progress is not None:
+                progress.close()
+        return self.history
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self._stop_requested:  # a second Ctrl-C stops at once
+            raise KeyboardInterrupt
+        self._stop_requested = True
+
+    def context(self, rnd: int) -> EvalContext:
+        return EvalContext(rnd, self.fabric, self.data, self.cfg, module=self.module,
+                           load_client=lambda cid: self.load_client(rnd, cid))
+
+    def run_round(self, rnd: int) -> dict[str, float]:
+        cfg, fabric, server = self.cfg, self.fabric, self.server
+        ctx = self.context(rnd)
+        round_ctx = RoundContext(rnd, fabric, self.data, cfg)
+        sampled = sample_clients(cfg.seed, rnd, self.data.num_clients, cfg.trainer.participation)
+        selected = server.select(rnd, sampled)
+        fabric.call("on_round_start", round_ctx, selected)
+
+        acc = WeightedSum()
+        results = []
+        for cid in selected[fabric.global_rank::fabric.world_size]:
+            upload, result = self.train_client(rnd, cid)
+            result.bytes_up = payload_bytes(upload.params) + payload_bytes(upload.message)
+            acc.add(upload.params, server.weight(cid, upload))
+            results.append(result)
+            if self._stop_requested:  # abandon the round: store and server still hold round rnd-1
+                if rnd > 0:
+                    self.save(rnd - 1)
+                raise Interrupted(f"interrupted during round {rnd}")
+        mean, results = exchange(fabric, acc, results)
+        faults = [r.fault for r in results if r.fault]
+        if faults:
+            raise TrainingFault(faults[0])
+
+        self.store.update({r.cid: r.state for r in results})
+        fabric.call("server_step", round_ctx, mean, {r.cid: r.message for r in results})
+
+        metrics = self._train_metrics(results)
+        metrics["comm/bytes_up"] = float(sum(r.bytes_up for r in results))
+        metrics["comm/bytes_down"] = float(sum(r.bytes_down for r in results))
+        if (rnd + 1) % cfg.trainer.eval_every == 0 or rnd == cfg.trainer.rounds - 1:
+            metrics.update(evaluate_clients(ctx))
+            for evaluator in self.evaluators:
+                metrics.update(evaluator.evaluate(ctx))
+            fabric.call("on_evaluate", round_ctx, metrics)
+        fabric.call("on_round_end", round_ctx, metrics)
+        return {k: float(v) for k, v in metrics.items()}  # plain floats: JSON, W&B and checkpoints alike
+
+    # ---- local work ---------------------------------------------------------------------------
+    def load_client(self, rnd: int, cid: int) -> ClientModule:
+        """Swap client `cid` into the module: the server's broadcast, then the client's own state."""
+        m = self.module
+        m.cid, m.round = cid, rnd
+        payload = self.server.broadcast(cid)
+        self._last_broadcast_bytes = payload_bytes(payload)
+        m.receive(payload)
+        m.load_client_state(self.store.get(cid) if cid >= 0 else None)
+        return m
+
+    def train_client(self, rnd: int, cid: int) -> tuple[Upload, LocalResult]:
+        """Client cid's local work in round rnd: its upload and what it leaves behind (state, logs)."""
+        ctx = self.context(rnd)
+        m = self.load_client(rnd, cid)
+        state = self.store.get(cid)
+        optimizer = self.fabric.setup_optimizers(m.configure_optimizers())
+        if m.keep_optimizer_state and state is not None and "optimizer" in state:
+            optimizer.load_state_dict(state["optimizer"])
+            for group in optimizer.param_groups:  # the stored lr is last round's; the schedule sets this one's
+                group["lr"] = m.lr
+        t = self.cfg.trainer
+        logs = m.fit_local(optimizer, epochs=t.local_epochs, steps=t.local_steps)
+        upload = m.upload()
+        for evaluator in self.evaluators:  # evaluators that score the local models
+            evaluator.on_local_model(ctx, cid)
+        fault = None if math.isfinite(logs.get("loss", 0.0)) and all_finite(upload.params) else (
+            f"non-finite loss or parameters in method '{self.cfg.method.name}', client {cid}, round {ctx.round}")
+        new_state = m.client_state()
+        if m.keep_optimizer_state:
+            new_state["optimizer"] = to_cpu(optimizer.state_dict())
+        result = LocalResult(cid, new_state, to_cpu(upload.message), logs, fault,
+                             bytes_down=self._last_broadcast_bytes)
+        return upload, result
+
+    def _train_metrics(self, results: list[LocalResult]) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for r in results:
+            for k, v in r.logs.items():
+                metrics[f"client/{r.cid}/{k}"] = v
+        if results:
+            for k in results[0].logs:
+                metrics[f"train/{k}"] = sum(r.logs.get(k, 0.0) for r in results) / len(results)
+        metrics["train/clients"] = float(len(results))
+        return metrics
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def save(self, rnd: int) -> None:
+        """Everything a resumed run needs; random draws derive from (seed, round, client, purpose), so
+        the round is the whole RNG state."""
+        state = {
+            "round": rnd,
+            "rng": {"seed": int(self.cfg.seed), "next_round": rnd + 1},
+            "server": self.server.state_dict(),
+            "clients": self.store.state_dict(),
+            "history": self.history,
+            "fingerprint": self.data.fingerprint(),
+        }
+        save_checkpoint(self.fabric, self.ckpt_path, state)
+
+    def restore(self) -> None:
+        if not self.ckpt_path.is_file():
+            raise FileNotFoundError(f"resume: no checkpoint at {self.ckpt_path}")
+        state = load_checkpoint(self.fabric, self.ckpt_path)
+        if state["fingerprint"] != self.data.fingerprint():
+            raise ValueError(f"resume: the data split of {self.ckpt_path} differs from this config's")
+        self.server.load_state_dict(state["server"], self.fabric.device)
+        self.store.load_state_dict(state["clients"])
+        self.history = list(state["history"])
+        self.start_round = state["round"] + 1

@@ -1,0 +1,73 @@
+"""Server: a method's server step, registered as a Fabric callback. The default is FedAvg."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from omegaconf import DictConfig
+from torch import Tensor
+
+from fl.core.client import ClientModule, Upload
+from fl.core.context import RoundContext
+from fl.core.federated_data import FederatedData
+
+
+class Server:
+    """Hooks the loop calls, in order, each round:
+
+    select(round, sampled)              which of the sampled clients train (default: all of them)
+    on_round_start(ctx, selected)       [fabric.call: every callback gets it]
+    broadcast(cid)                      payload sent to a client before local training and evaluation
+    weight(cid, upload)                 raw aggregation weight of an upload (default: n_i)
+    server_step(ctx, mean, messages)    [fabric.call] mean = weighted mean of the uploaded params over all
+                                        clients of the round; messages = {cid: message}, in client order
+    on_evaluate(ctx, metrics)           [fabric.call, evaluation rounds only, after the per-client accuracies
+                                        and the evaluators] callbacks may add evaluation metrics
+    on_round_end(ctx, metrics)          [fabric.call] callbacks may add diagnostics to `metrics`
+
+    `ctx` is a RoundContext: the round, Fabric (collectives), the data and the config.
+    """
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        self.hp = cfg.method
+        self.global_params: dict[str, Tensor] = {}
+
+    def setup(self, module: ClientModule, data: FederatedData) -> None:
+        """The initial global model is the module's shared state after seeded initialisation."""
+        self.data = data
+        self.global_params = {k: v.detach().clone() for k, v in module.shared_state().items()}
+
+    def select(self, round_idx: int, sampled: list[int]) -> list[int]:
+        return sampled
+
+    def broadcast(self, cid: int) -> dict[str, Any]:
+        return {"params": self.global_params}
+
+    def weight(self, cid: int, upload: Upload) -> float:
+        return upload.weight
+
+    def server_step(self, ctx: RoundContext, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
+        if mean:
+            self.global_params = mean
+
+    def step_towards(self, mean: dict[str, Tensor], rate: float, keys: Optional[set] = None) -> dict[str, Tensor]:
+        """A server step size: x + rate * (mean - x) in float64 for the floating tensors in `keys` (default:
+        all); the others take the mean. rate = 1 is the mean itself."""
+        if rate == 1.0:
+            return dict(mean)
+        new = {}
+        for k, v in mean.items():
+            x = self.global_params.get(k)
+            if x is not None and v.is_floating_point() and (keys is None or k in keys):
+                x64 = x.double()
+                new[k] = (x64 + rate * (v.double() - x64)).to(x.dtype)
+            else:
+                new[k] = v
+        return new
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"global_params": {k: v.cpu() for k, v in self.global_params.items()}}
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        self.global_params = {k: v.to(device) for k, v in state["global_params"].items()}

@@ -1,0 +1,5 @@
+import sys
+
+from fl.report.cli import main
+
+sys.exit(main())

@@ -1,0 +1,89 @@
+"""Compare runs: Markdown and LaTeX tables (method x setting, mean ± std over seeds), PNG plots, one HTML page.
+
+    python -m fl.report RUN_DIR|SWEEP_DIR [...] [--out DIR] [--metrics k1,k2] [--no-plots]
+    python -m fl.report --wandb ENTITY/PROJECT [--filter '{"group": "sweep-X"}'] [--out DIR]
+
+Runs are read from their run directories (config.yaml, summary.json, metrics.jsonl), or from W&B's API
+(config and history; the summary is recomputed from the history the same way fl.train writes
+summary.json). Runs that differ only in their seed are one group. Within a method, the hyperparameters
+that differ between its runs name the variant (e.g. "fedprox mu=0.1"); other keys that differ between
+runs name the setting (e.g. "embedded/dirichlet dirichlet_alpha=0.1"). Exit codes: 0 written, 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+from fl.report.html import html_page
+from fl.report.plots import all_figures
+from fl.report.runs import ReportError, Run, load_local
+from fl.report.tables import (DEFAULT_METRIC, columns, default_metrics, group_runs, latex_table, markdown_table,
+                              sweep_metrics, table_rows)
+from fl.report.wandb_access import load_wandb
+
+
+# ---- the report ----------------------------------------------------------------------------------------
+def write_report(runs: list[Run], out: Path, metrics: Optional[list[str]] = None, plots: bool = True,
+                 title: str = "Comparison", notes: Optional[list[str]] = None,
+                 extra_metrics: Optional[list[str]] = None) -> dict[str, Path]:
+    """report.md, report.tex, plots/*.png and report.html (self-contained) in `out`."""
+    groups = group_runs(runs)
+    metrics = metrics or default_metrics(groups, extra_metrics)
+    rows = table_rows(groups, metrics)
+    out.mkdir(parents=True, exist_ok=True)
+    md = markdown_table(rows, metrics)
+    figures = []
+    if plots:
+        figures = all_figures(groups, metrics, out / "plots")
+    k = ", ".join(sorted({str(x) for r in rows for x in r["last_k"]}))
+    caption = (f"Mean ± sample std over seeds. final: the last evaluation; last {k}: the mean over the last {k} "
+               "evaluations; @best val: at the round with the best target validation accuracy.")
+    lines = [f"# {title}", "", caption, "", md]
+    lines += [f"![{name}](plots/{p.name})" for name, p in figures]
+    if notes:
+        lines += ["", *[f"- {n}" for n in notes]]
+    paths = {"markdown": out / "report.md", "latex": out / "report.tex", "html": out / "report.html"}
+    paths["markdown"].write_text("\n".join(lines) + "\n")
+    paths["latex"].write_text(latex_table(rows, metrics))
+    paths["html"].write_text(html_page(title, caption, rows, columns(rows, metrics), figures, notes or []))
+    return paths
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fl.report", description=__doc__.split("\n\n")[0])
+    p.add_argument("paths", nargs="*", help="run directories or folders of runs (e.g. a sweep directory)")
+    p.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read finished runs from W&B instead (online)")
+    p.add_argument("--filter", help="--wandb: a W&B API filter as JSON, e.g. '{\"group\": \"sweep-X\"}'")
+    p.add_argument("--out", help="output folder (default: <the one input folder>/report, else outputs/report)")
+    p.add_argument("--metrics", help="comma-separated metric keys (default: the settings' headline metrics "
+                   f"and {DEFAULT_METRIC})")
+    p.add_argument("--title", default="Comparison")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        if bool(args.paths) == bool(args.wandb):
+            raise ReportError("give run directories or --wandb ENTITY/PROJECT (one of the two)")
+        notes = []
+        if args.wandb:
+            try:
+                filters = json.loads(args.filter) if args.filter else None
+            except json.JSONDecodeError as err:
+                raise ReportError(f"--filter: not JSON ({err})") from None
+            runs = load_wandb(args.wandb, filters)
+        else:
+            runs, notes = load_local(args.paths)
+        out = Path(args.out) if args.out else (Path(args.paths[0]) / "report" if len(args.paths) == 1
+                                               and not (Path(args.paths[0]) / "summary.json").is_file()
+                                               else Path("outputs") / "report")
+        metrics = args.metrics.split(",") if args.metrics else None
+        paths = write_report(runs, out, metrics, plots=not args.no_plots, title=args.title, notes=notes,
+                             extra_metrics=sweep_metrics(args.paths or []))
+    except ReportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(paths["markdown"].read_text().split("\n\n![")[0].strip())
+    print(f"\nwrote {', '.join(str(p) for p in paths.values())} ({len(runs)} runs)")
+    return 0

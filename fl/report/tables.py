@@ -1,0 +1,175 @@
+"""Runs grouped by setting and method, with mean ± std over seeds, as Markdown and LaTeX tables."""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+
+from fl.report.runs import ReportError, Run, flatten, load_local
+from fl.report.wandb_access import load_wandb
+
+DEFAULT_METRIC = "test/acc_mean_clients"
+# keys that never define a setting or a variant: seeds, paths, logging, devices
+IGNORED = ("seed", "data.partition.seed", "resume", "logger.", "fabric.", "data.root", "data.download",
+           "data.on_device", "trainer.checkpoint_every", "trainer.eval_batch_size", "partition_fingerprint")
+
+
+# ---- grouping ----------------------------------------------------------------------------------------
+def _ignored(key: str) -> bool:
+    return key.startswith(IGNORED)
+
+
+def _varying(runs: list[Run], keys_filter) -> list[str]:
+    keys = sorted({k for r in runs for k in r.config if keys_filter(k) and not _ignored(k)})
+    return [k for k in keys if len({json.dumps(r.config.get(k), default=str) for r in runs}) > 1]
+
+
+def _fmt(key: str, value: Any) -> str:
+    short = key.split(".", 1)[1] if key.startswith(("method.", "data.", "trainer.", "optim.", "model.")) else key
+    return f"{short}={value}"
+
+
+def label_runs(runs: list[Run]) -> None:
+    """Sets each run's method label (name + hyperparameters that vary among that method's runs) and
+    setting label (dataset/partition + other keys that vary among all runs)."""
+    setting_keys = _varying(runs, lambda k: not k.startswith("method."))
+    by_method: dict[str, list[Run]] = {}
+    for r in runs:
+        by_method.setdefault(str(r.config.get("method.name", r.summary.get("method", "?"))), []).append(r)
+    for name, group in by_method.items():
+        keys = _varying(group, lambda k: k.startswith("method.") and k != "method.name")
+        for r in group:
+            r.method = " ".join([name] + [_fmt(k, r.config.get(k)) for k in keys])
+    for r in runs:
+        base = f"{r.config.get('data.name', '?')}/{r.config.get('data.partition.name', '?')}"
+        extra = [_fmt(k, r.config.get(k)) for k in setting_keys if k not in ("data.name", "data.partition.name")]
+        r.setting = " ".join([base] + extra)
+
+
+def group_runs(runs: list[Run]) -> dict[tuple[str, str], list[Run]]:
+    """(setting, method label) -> its runs (one per seed), in a stable order."""
+    label_runs(runs)
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for r in sorted(runs, key=lambda r: (r.setting, r.method, str(r.seed))):
+        groups.setdefault((r.setting, r.method), []).append(r)
+    return groups
+
+
+def setting_headlines(groups: dict) -> dict[str, list[str]]:
+    """Each setting's headline metrics: those of the paper methods run on it, else the default."""
+    out: dict[str, list[str]] = {}
+    for (setting, _), runs in groups.items():
+        headline = runs[0].headline
+        if headline and headline not in out.setdefault(setting, []):
+            out[setting].append(headline)
+    for (setting, _), runs in groups.items():
+        if not out.setdefault(setting, []):  # no paper method here: a target setting is read on the target
+            targeted = any("test/target_acc" in r.summary.get("final", {}) for r in runs)
+            out[setting].append("test/target_acc" if targeted else DEFAULT_METRIC)
+    return out
+
+
+# ---- statistics and tables ---------------------------------------------------------------------------
+def mean_std(values: list[float]) -> tuple[Optional[float], Optional[float], int]:
+    """Mean and sample standard deviation (ddof = 1) over seeds; std is None for a single seed."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None, 0
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None), len(values)
+
+
+def table_rows(groups: dict, metrics: list[str]) -> list[dict]:
+    """One row per (setting, method): seeds, and for each metric final / last-K / best-val statistics."""
+    heads = setting_headlines(groups)
+    rows = []
+    for (setting, method), runs in groups.items():
+        headline = runs[0].headline or heads[setting][0]
+        row = {"setting": setting, "method": method, "seeds": [r.seed for r in runs], "headline": headline,
+               "last_k": sorted({r.summary.get("last_k") for r in runs}), "cells": {}}
+        for metric in dict.fromkeys([headline] + metrics):
+            row["cells"][metric] = {
+                "final": mean_std([r.summary.get("final", {}).get(metric) for r in runs]),
+                "last": mean_std([r.last(metric) for r in runs]),
+                "best_val": mean_std([r.summary.get("at_best_val", {}).get(metric) for r in runs]),
+            }
+        rows.append(row)
+    return rows
+
+
+def fmt_stat(stat: tuple, latex: bool = False, digits: int = 4) -> str:
+    mean, std, n = stat
+    if n == 0:
+        return "--" if latex else "—"
+    if std is None:
+        return f"${mean:.{digits}f}$" if latex else f"{mean:.{digits}f}"
+    return f"${mean:.{digits}f} \\pm {std:.{digits}f}$" if latex else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def columns(rows: list[dict], metrics: list[str]) -> list[tuple[str, str, str]]:
+    """(metric, statistic, header) for every column with at least one value."""
+    k = "/".join(str(x) for r in rows for x in r["last_k"]) if len({x for r in rows for x in r["last_k"]}) > 1 \
+        else str(rows[0]["last_k"][0])
+    cols = []
+    for metric in metrics:
+        for stat, head in (("final", "final"), ("last", f"last {k}"), ("best_val", "@best val")):
+            if any(metric in r["cells"] and r["cells"][metric][stat][2] for r in rows):
+                cols.append((metric, stat, f"{metric} {head}"))
+    return cols
+
+
+def markdown_table(rows: list[dict], metrics: list[str]) -> str:
+    cols = columns(rows, metrics)
+    head = ["setting", "method", "seeds", "headline (final)"] + [c[2] for c in cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["setting"], r["method"], str(len(r["seeds"])),
+                 f"{r['headline']}: {fmt_stat(r['cells'][r['headline']]['final'])}"]
+        cells += [fmt_stat(r["cells"][m][s]) if m in r["cells"] else "—" for m, s, _ in cols]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+TEX_ESCAPES = {"\\": "\\textbackslash{}", "_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#", "{": "\\{",
+               "}": "\\}", "$": "\\$", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}"}
+
+
+def _tex(text: str) -> str:
+    return "".join(TEX_ESCAPES.get(c, c) for c in text)
+
+
+def latex_table(rows: list[dict], metrics: list[str]) -> str:
+    cols = columns(rows, metrics)
+    head = ["Setting", "Method", "$n$", "Headline (final)"] + [_tex(c[2]) for c in cols]
+    lines = ["% mean $\\pm$ sample std over seeds; needs \\usepackage{booktabs}",
+             "\\begin{tabular}{" + "ll" + "r" * (len(head) - 2) + "}", "\\toprule",
+             " & ".join(head) + " \\\\", "\\midrule"]
+    for r in rows:
+        cells = [_tex(r["setting"]), _tex(r["method"]), str(len(r["seeds"])),
+                 f"{_tex(r['headline'])}: {fmt_stat(r['cells'][r['headline']]['final'], latex=True)}"]
+        cells += [fmt_stat(r["cells"][m][s], latex=True) if m in r["cells"] else "--" for m, s, _ in cols]
+        lines.append(" & ".join(cells) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def default_metrics(groups: dict, extra: Optional[list[str]] = None) -> list[str]:
+    """The settings' headline metrics, the sweep's metric(s) and the mean client accuracy."""
+    heads = setting_headlines(groups)
+    return list(dict.fromkeys([m for ms in heads.values() for m in ms] + (extra or []) + [DEFAULT_METRIC]))
+
+
+def sweep_metrics(paths: list) -> list[str]:
+    """The metric of each sweep directory among `paths` (from the runner's sweep.json)."""
+    found = []
+    for p in map(Path, paths):
+        manifest = p / "sweep.json"
+        if manifest.is_file():
+            metric = json.loads(manifest.read_text()).get("metric")
+            if metric:
+                found.append(metric)
+    return found

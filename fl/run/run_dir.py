@@ -1,0 +1,60 @@
+"""The run directory: created once by the parent process (launched ranks find it through FL_RUN_DIR), with
+config.yaml, the partition's description and heatmaps, and summary.json at the end."""
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from fl.config import to_yaml
+from fl.data.plots import partition_heatmaps, write_partition_info
+
+RUN_DIR_ENV = "FL_RUN_DIR"  # lets the processes a Fabric launcher starts find the parent's run directory
+
+
+def new_run_dir(cfg: DictConfig) -> Path:
+    name = cfg.logger.run_name or f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.method.name}-{cfg.data.name}-s{cfg.seed}"
+    base = Path(cfg.logger.output_dir) / name
+    run_dir, n = base, 1
+    while run_dir.exists():
+        run_dir, n = Path(f"{base}-{n}"), n + 1
+    return run_dir
+
+
+def prepare_run_dir(cfg: DictConfig) -> Path:
+    """The parent process creates the run directory and writes config.yaml; launched ranks reuse it."""
+    if os.environ.get(RUN_DIR_ENV):
+        return Path(os.environ[RUN_DIR_ENV])
+    run_dir = Path(cfg.resume) if cfg.resume else new_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=bool(cfg.resume))
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    if not (run_dir / "wandb_id").exists():
+        (run_dir / "wandb_id").write_text(uuid.uuid4().hex[:12])
+    os.environ[RUN_DIR_ENV] = str(run_dir)
+    return run_dir
+
+
+def log_partition(data, run_dir: Path, wandb_logger) -> None:
+    """partition.json and heatmaps (PNG) in the run directory; on W&B the same images, a table of client
+    sizes and the partition fingerprint (also recorded in config.yaml and summary.json)."""
+    write_partition_info(data, run_dir / "partition.json")
+    paths = partition_heatmaps(data, run_dir)
+    if wandb_logger is None:
+        return
+    wandb_logger.experiment.config.update({"partition_fingerprint": data.fingerprint()}, allow_val_change=True)
+    wandb_logger.log_image(key="data/partition", images=[str(p) for p in paths])
+    counts = data.label_counts("train")
+    rows = [[i, len(c.train), len(c.test), int((counts[i] > 0).sum()),
+             data.domain_names[c.domain] if data.domain_names else ""] for i, c in enumerate(data.clients)]
+    wandb_logger.log_table(key="data/clients", columns=["client", "train", "test", "classes", "domain"], data=rows)
+
+
+def write_summary(run_dir: Path, summary: dict) -> None:
+    """summary.json, atomically (a temporary file, then a rename)."""
+    tmp = run_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(run_dir / "summary.json")

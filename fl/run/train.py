@@ -1,0 +1,115 @@
+"""`python -m fl.train [conf=NAME] [key=value ...]`: config -> data -> Fabric -> run directory -> the loop ->
+summary.
+
+Exit codes: 0 done, 1 a training fault (non-finite loss), 2 bad configuration or data (nothing written),
+130 interrupted (a checkpoint of the last completed round was written; continue with resume=<run dir>).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+from lightning.fabric import Fabric
+from omegaconf import DictConfig
+
+from fl.config import CONF_DIR, ConfigError, load_config
+from fl.core import METHODS, Interrupted, Orchestrator, TrainingFault
+from fl.data import DataError, build_data
+from fl.report.summary import summarize_history
+from fl.run.loggers import JsonlLogger, make_wandb_logger
+from fl.run.progress import RoundProgress, format_summary
+from fl.run.run_dir import RUN_DIR_ENV, log_partition, prepare_run_dir, write_summary
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def _twin_hint(argv: list[str]) -> str:
+    """Paper configs come with a synthetic twin (the same protocol on embedded data): name it when the
+    real data is missing."""
+    conf = next((a.split("=", 1)[1] for a in argv if a.startswith("conf=")), None)
+    if conf and "/" not in conf and (CONF_DIR / f"{conf}_synthetic.yaml").is_file():
+        return f"; to try the same protocol on embedded data: python -m fl.train conf={conf}_synthetic"
+    return ""
+
+
+def make_fabric(cfg: DictConfig, callbacks: list, loggers: list) -> Fabric:
+    f = cfg.fabric
+    precision = {"32": "32-true", "64": "64-true"}.get(str(f.precision), f.precision)
+    return Fabric(accelerator=f.accelerator, devices=f.devices, strategy=f.strategy, precision=precision,
+                  num_nodes=f.num_nodes, callbacks=callbacks, loggers=loggers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    owns_env = RUN_DIR_ENV not in os.environ
+    try:
+        return _run(argv)
+    finally:
+        if owns_env:
+            os.environ.pop(RUN_DIR_ENV, None)
+
+
+def _run(argv: list[str]) -> int:
+    try:
+        cfg = load_config(argv)
+        data = build_data(cfg)
+        server = METHODS[cfg.method.name].server_cls(cfg)
+        try:  # Fabric validates accelerator / devices / strategy before anything is written
+            make_fabric(cfg, [], [])
+        except (ValueError, RuntimeError, TypeError) as err:
+            f = cfg.fabric
+            raise ConfigError(f"fabric.accelerator={f.accelerator!r} fabric.devices={f.devices!r} "
+                              f"fabric.strategy={f.strategy!r} rejected: {str(err).splitlines()[0]}") from None
+    except ConfigError as err:
+        return _fail(str(err) + (_twin_hint(argv) if isinstance(err, DataError) else ""), 2)
+    except (ValueError, RuntimeError, FileNotFoundError) as err:
+        return _fail(f"{type(err).__name__}: {str(err).splitlines()[0]}", 2)
+
+    run_dir = prepare_run_dir(cfg)
+    jsonl = JsonlLogger(run_dir / "metrics.jsonl")
+    wandb_logger = make_wandb_logger(cfg, run_dir, run_dir.name)
+    fabric = make_fabric(cfg, [server], [jsonl] + ([wandb_logger] if wandb_logger else []))
+    fabric.launch()
+    if cfg.fabric.cpu_threads:
+        torch.set_num_threads(cfg.fabric.cpu_threads)
+    orch = Orchestrator(cfg, fabric, data, server, run_dir)
+    if fabric.is_global_zero:
+        config = run_dir / "config.yaml"
+        config.write_text(f"# partition fingerprint: {data.fingerprint()}\n" + config.read_text())
+    if cfg.resume:
+        orch.restore()
+        jsonl.rewrite(orch.history)  # metrics.jsonl holds exactly the checkpointed history
+    elif fabric.is_global_zero:
+        jsonl.path.write_text("")
+        log_partition(data, run_dir, wandb_logger)
+    progress = RoundProgress(cfg.trainer.rounds, orch.start_round) if (
+        fabric.is_global_zero and cfg.logger.progress) else None
+    try:
+        history = orch.fit(progress)
+    except TrainingFault as err:
+        return _fail(f"{err}; the last good checkpoint is {orch.ckpt_path}", 1)
+    except (Interrupted, KeyboardInterrupt) as err:
+        if fabric.is_global_zero:
+            where = f"checkpoint {orch.ckpt_path}" if orch.ckpt_path.is_file() else "no checkpoint yet"
+            print(f"\n{err or 'interrupted'}; {where}. Continue with: python -m fl.train resume={run_dir}",
+                  file=sys.stderr)
+        return 130
+    if fabric.is_global_zero:
+        summary = summarize_history(history, cfg.trainer.last_k)
+        summary.update({"method": cfg.method.name, "headline": METHODS[cfg.method.name].headline,
+                        "dataset": cfg.data.name, "seed": int(cfg.seed), "rounds": int(cfg.trainer.rounds),
+                        "partition_fingerprint": data.fingerprint(), "run_dir": str(run_dir)})
+        write_summary(run_dir, summary)
+        if wandb_logger is not None:
+            wandb_logger.experiment.summary.update({f"{kind}/{k}": v for kind in ("final", "best")
+                                                    for k, v in summary[kind].items()})
+            wandb_logger.experiment.summary.update({"headline": summary["headline"]})
+            wandb_logger.experiment.finish()
+        print(format_summary(summary))
+        files = ", ".join(sorted(p.name for p in run_dir.iterdir()))
+        print(f"\nRun directory: {run_dir}  ({files})")
+    return 0

@@ -1,0 +1,2 @@
+"""W&B sweep files: parsing and expansion (spec.py), the offline runner and --make (runner.py):
+`python -m fl.sweep`."""

@@ -1,0 +1,5 @@
+import sys
+
+from fl.sweep.runner import main
+
+sys.exit(main())
