@@ -15,16 +15,15 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from fl.config import load_config
+from fl.core import batch_indices
+from fl.core.loop import Orchestrator, sample_clients
+from fl.core.registry import METHODS
+from fl.core.seeding import generator
+from fl.data import build_data
+from fl.run.train import make_fabric
 
-from fl.config import load_config  # noqa: E402
-from fl.core import batch_indices  # noqa: E402
-from fl.data import build_data  # noqa: E402
-from fl.core.loop import Orchestrator, sample_clients  # noqa: E402
-from fl.core.registry import METHODS  # noqa: E402
-from fl.core.seeding import generator  # noqa: E402
-from fl.run.train import make_fabric  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def data_path(orch: Orchestrator, rnd: int) -> float:
@@ -43,7 +42,7 @@ def data_path(orch: Orchestrator, rnd: int) -> float:
 def main() -> None:
     rounds = 10
     with tempfile.TemporaryDirectory() as tmp:
-        argv = [a for a in sys.argv[1:]] + [f"trainer.rounds={rounds + 2}", f"trainer.eval_every={rounds + 2}",
+        argv = list(sys.argv[1:]) + [f"trainer.rounds={rounds + 2}", f"trainer.eval_every={rounds + 2}",
                                              "logger.wandb.mode=disabled", f"data.root={tmp}"]
         cfg = load_config(argv)
         data = build_data(cfg)

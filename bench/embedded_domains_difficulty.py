@@ -12,17 +12,14 @@ inputs normalised with the pool's mean/std. Mean and std over `--seeds` seeds.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fl.data.embedded_domains import make_pool  # noqa: E402
-from fl.models.small import cnn  # noqa: E402
+from fl.data.embedded_domains import make_pool
+from fl.models.small import cnn
 
 
 def normalise(x: torch.Tensor, mean, std) -> torch.Tensor:

@@ -22,17 +22,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from fl.config import load_config
+from fl.core import batch_indices, build_model
+from fl.core.loop import Orchestrator, sample_clients
+from fl.core.registry import METHODS
+from fl.core.seeding import generator, seed_torch
+from fl.data import build_data
+from fl.run.train import make_fabric
 
-from fl.config import load_config  # noqa: E402
-from fl.core import batch_indices  # noqa: E402
-from fl.data import build_data  # noqa: E402
-from fl.core import build_model  # noqa: E402
-from fl.core.loop import Orchestrator, sample_clients  # noqa: E402
-from fl.core.registry import METHODS  # noqa: E402
-from fl.core.seeding import generator, seed_torch  # noqa: E402
-from fl.run.train import make_fabric  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench_config(tmp: str, rounds: int, device: str) -> list[str]:
@@ -131,7 +129,7 @@ def memory(num_clients: int, device: str) -> dict:
                 "cuda=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0; "
                 "print('RESULT', rc, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, cuda, dt)")
         out = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True)
-        line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT"))
+        line = next(row for row in out.stdout.splitlines() if row.startswith("RESULT"))
         _, rc, rss_kb, cuda, seconds = line.split()
         ckpt = Path(tmp) / "mem" / "checkpoints" / "last.ckpt"
         return {"clients": num_clients, "exit_code": int(rc), "peak_rss_mib": int(rss_kb) / 1024,
@@ -153,12 +151,14 @@ def main() -> None:
           f"({o['sgd_steps_per_repeat']} SGD steps each, {o['torch_threads']} torch threads)")
     print(f"  framework  median {o['framework_s_median']:.3f} s")
     print(f"  bare loop  median {o['bare_s_median']:.3f} s")
-    print(f"  ratio framework / bare = {o['ratio']:.3f}   (same final model: max |diff| = {o['max_abs_param_diff']:.1e})")
+    print(f"  ratio framework / bare = {o['ratio']:.3f}   "
+          f"(same final model: max |diff| = {o['max_abs_param_diff']:.1e})")
     res["memory"] = []
     for n in args.clients_memory:
         m = memory(n, args.device)
         res["memory"].append(m)
-        print(f"FedPer with {m['clients']} clients (private heads), 10% participation, 3 rounds: exit {m['exit_code']}, "
+        print(f"FedPer with {m['clients']} clients (private heads), 10% participation, 3 rounds: "
+              f"exit {m['exit_code']}, "
               f"peak RSS {m['peak_rss_mib']:.0f} MiB, peak CUDA {m['peak_cuda_mib']:.0f} MiB, "
               f"{m['seconds']:.1f} s, checkpoint {m['checkpoint_mib']:.1f} MiB")
     if args.json:

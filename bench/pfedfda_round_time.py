@@ -12,13 +12,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import fl.methods.pfedfda as P
 from fl.config import load_config
-from fl.data import build_data
 from fl.core.loop import Orchestrator
 from fl.core.registry import METHODS
+from fl.data import build_data
 from fl.run.train import make_fabric
-import fl.methods.pfedfda as P  # noqa: E402
 
 torch.set_num_threads(1)
 TMP = tempfile.mkdtemp(prefix="pfedfda_time_")
@@ -38,7 +37,8 @@ P.solve_beta = timed
 R = int(sys.argv[1]) if len(sys.argv) > 1 else 50
 orchs = {}
 for m in ["fedavg", "pfedfda"]:
-    cfg = load_config(["conf=pfedfda_cifar10s_synthetic", f"method.name={m}", f"data.train_fraction={sys.argv[2] if len(sys.argv) > 2 else 0.25}",
+    cfg = load_config(["conf=pfedfda_cifar10s_synthetic", f"method.name={m}",
+                       f"data.train_fraction={sys.argv[2] if len(sys.argv) > 2 else 0.25}",
                        "trainer.eval_every=100000", "trainer.evaluators=[]", f"data.root={TMP}/data",
                        "logger.wandb.mode=disabled", f"trainer.rounds={R}"])
     data = build_data(cfg)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set-up and everyday commands. Creates .venv on first use (Python 3.10+ and pip are all it needs).
 #   bash scripts/dev.sh quickstart [key=value ...]   run the quickstart (conf/quickstart.yaml)
-#   bash scripts/dev.sh test [pytest args]            run the test suite
+#   bash scripts/dev.sh test [pytest args]            run the test suite (-m "not slow": the fast part)
+#   bash scripts/dev.sh lint                          ruff on fl/, tests/ and bench/
 #   bash scripts/dev.sh bench [args]                  framework-overhead and memory benchmark
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,7 @@ shift || true
 case "$cmd" in
   quickstart) exec "$VENV/bin/python" -m fl.train "$@" ;;
   test) exec "$VENV/bin/python" -m pytest "$@" ;;
+  lint) exec "$VENV/bin/ruff" check fl tests bench "$@" ;;
   bench) exec "$VENV/bin/python" bench/fedavg_overhead.py "$@" ;;
-  *) echo "usage: bash scripts/dev.sh quickstart|test|bench [args]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/dev.sh quickstart|test|lint|bench [args]" >&2; exit 2 ;;
 esac

@@ -9,7 +9,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # A small, fast federation used across tests (seconds per run on a 2-core CPU).
-TINY = ["logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients=6", "data.embedded.samples_per_class=40",
+TINY = ["logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients=6",
+        "data.embedded.samples_per_class=40",
         "data.partition.min_client_size=5", "model.width=4", "trainer.rounds=3", "trainer.batch_size=16",
         "trainer.participation=0.5", "trainer.checkpoint_every=2", "trainer.eval_every=1",
         "evaluators.adaptability.every=1"]  # every evaluator on every round: resuming with more rounds changes nothing

@@ -66,8 +66,9 @@ def test_every_shipped_config_loads():
 
 
 def test_sweep_files_name_real_keys():
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     for path in Path(__file__).resolve().parent.parent.glob("sweeps/*.yaml"):
         sweep = yaml.safe_load(path.read_text())

@@ -9,11 +9,19 @@ import torch.nn.functional as F
 
 from fl.config import load_config
 from fl.data import build_data
-from fl.methods.fedacd.losses import accumulate, adjustment_matrix, l1_flatten, l2_adjusted_ce, rows_from, score_v, v_weights
-from fl.metrics.adaptability import (adaptability_risk, client_dist_accuracy, kl_pq, mean_label_distribution,
-                                     template_q)
+from fl.methods.fedacd.losses import (
+    accumulate,
+    adjustment_matrix,
+    l1_flatten,
+    l2_adjusted_ce,
+    rows_from,
+    score_v,
+    v_weights,
+)
+from fl.metrics.adaptability import adaptability_risk, client_dist_accuracy, kl_pq, mean_label_distribution, template_q
 from fl.run.train import main
-from tests.conftest import run_tiny as run, read_metrics, run_cli, tiny
+from tests.conftest import read_metrics, run_cli, tiny
+from tests.conftest import run_tiny as run
 
 
 def l1_direct(p: torch.Tensor, y: torch.Tensor, detach_q: bool = False) -> torch.Tensor:
@@ -276,7 +284,8 @@ def test_every_method_reports_the_diagnostics(out, method):
 
 
 def test_one_and_two_processes_agree(out):
-    common = tiny(out, "method.name=fedacd", "trainer.rounds=2", "fabric.cpu_threads=1", "evaluators.adaptability.every=1",
+    common = tiny(out, "method.name=fedacd", "trainer.rounds=2", "fabric.cpu_threads=1",
+                  "evaluators.adaptability.every=1",
                   "data.num_clients=7", "model.norm=batch")
     one = run_cli(common + ["logger.run_name=one"], cwd=out)
     two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)

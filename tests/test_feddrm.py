@@ -7,11 +7,10 @@ import torch
 from torch import nn
 
 from fl.config import ConfigError, load_config
-from fl.data import build_data
-from fl.methods.feddrm import (FedDRMClient, FedDRMNet, el_log_weights, feddrm_loss, log_size_prior,
-                               route_scores)
-from fl.methods.fedrep import FedRepClient
 from fl.core.loop import payload_bytes
+from fl.data import build_data
+from fl.methods.feddrm import FedDRMClient, FedDRMNet, el_log_weights, feddrm_loss, log_size_prior, route_scores
+from fl.methods.fedrep import FedRepClient
 from fl.run.train import main
 from tests.conftest import read_metrics, tiny
 
@@ -80,9 +79,9 @@ def test_client_head_recovers_a_gaussian_density_ratio():
     opt.step(closure)
     w, a = net.client_head.weight.detach()[:, 0], net.client_head.bias.detach()
     log_n = torch.tensor(n, dtype=torch.float64).log()
-    for l in (1, 2):
-        assert float(w[l] - w[0]) == pytest.approx(mu[l] - mu[0], abs=0.08)
-        assert float((a[l] - log_n[l]) - (a[0] - log_n[0])) == pytest.approx(-(mu[l] ** 2 - mu[0] ** 2) / 2, abs=0.15)
+    for k in (1, 2):
+        assert float(w[k] - w[0]) == pytest.approx(mu[k] - mu[0], abs=0.08)
+        assert float((a[k] - log_n[k]) - (a[0] - log_n[0])) == pytest.approx(-(mu[k] ** 2 - mu[0] ** 2) / 2, abs=0.15)
     # at the unpenalised MLE the intercept score equations hold: sum_ij softmax_l = n_l (EL constraint (5)),
     # and the EL weights are a distribution over the pooled atoms
     z = net.client_logits(torch.cat(xs)).detach()
@@ -167,7 +166,8 @@ def test_real_config_runs_on_fabricated_cifar10_and_names_its_twin_without_data(
 
     fakes.cifar10(out / "data", per_batch=12)
     args = ["conf=feddrm_cifar10_dir03", f"data.root={out / 'data'}", f"logger.output_dir={out / 'outputs'}",
-            "logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients=2", "data.partition.min_client_size=5",
+            "logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients=2",
+            "data.partition.min_client_size=5",
             "trainer.rounds=1", "trainer.local_steps=2", "trainer.batch_size=8", "logger.run_name=real"]
     assert main(args) == 0
     row = read_metrics(out / "outputs" / "real")[-1]

@@ -12,8 +12,17 @@ import fl.data
 import fl.run.train
 from fl.core import Split
 from fl.methods.fedmosaic import CoTrainingServer, FedMosaicClient
-from fl.methods.fedmosaic.vote import (adaptive_lambda, check_upload, class_frequencies, confidence_u,
-                                       confidence_w, consensus, cotraining_loss, dp_noise, vote_scores)
+from fl.methods.fedmosaic.vote import (
+    adaptive_lambda,
+    check_upload,
+    class_frequencies,
+    confidence_u,
+    confidence_w,
+    consensus,
+    cotraining_loss,
+    dp_noise,
+    vote_scores,
+)
 from fl.run.train import main
 from tests.conftest import read_metrics, run_cli, tiny
 

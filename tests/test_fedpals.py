@@ -141,7 +141,8 @@ def test_ess_fraction_one_equals_fedavg(out):
 
 
 def test_partial_participation_resolves_per_round(out):
-    args = ["method.name=fedpals", "data.num_clients=6", "data.target.distribution=partition", "data.partition.name=classes",
+    args = ["method.name=fedpals", "data.num_clients=6", "data.target.distribution=partition",
+            "data.partition.name=classes",
             "data.partition.classes_per_client=3", "data.embedded.samples_per_class=60", "trainer.participation=0.5",
             "trainer.rounds=3", "model.width=4", "logger.wandb.mode=disabled", "logger.progress=false",
             f"logger.output_dir={out / 'outputs'}", f"data.root={out / 'data'}", "logger.run_name=pp"]

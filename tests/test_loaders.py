@@ -7,6 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from fl.config import ConfigError, DataConfig
+from fl.core.registry import DATASETS
 from fl.data.base import DataError
 from fl.data.sources import domains
 from fl.data.sources.arrays import load_arrays
@@ -14,7 +15,6 @@ from fl.data.sources.cifar import cifar100_fine_labels, load_cifar10, load_cifar
 from fl.data.sources.domains import load_domainnet, load_office_caltech10, load_pacs
 from fl.data.sources.mnist import load_emnist, load_fmnist
 from fl.data.sources.tinyimagenet import load_tinyimagenet
-from fl.core.registry import DATASETS
 from tests import fakes
 
 
@@ -190,7 +190,8 @@ def test_domainnet_seeded_split(tmp_path, monkeypatch):
 def test_domainnet_split_files(tmp_path, kind):
     base = fake_domainnet(tmp_path, per_class=2)
     for domain in domains.DOMAINNET.domains:
-        files = lambda i: [f"{domain}/{c}/{domain}_{c}_{i}.jpg" for c in domains.DOMAINNET.classes]  # noqa: E731
+        files = lambda i, domain=domain: [f"{domain}/{c}/{domain}_{c}_{i}.jpg"  # noqa: E731
+                                          for c in domains.DOMAINNET.classes]
         fakes.split_files(base, domain, files(0) + [f"{domain}/aircraft_carrier/{domain}_aircraft_carrier_0.jpg"],
                           files(1), kind)
     pool = load_domainnet(cfg(tmp_path, image_size=8))
@@ -285,7 +286,8 @@ def test_real_loaders_train_end_to_end(tmp_path, capsys):
     common = ["logger.wandb.mode=disabled", "logger.progress=false", "trainer.rounds=2", "model.width=4",
               f"logger.output_dir={tmp_path / 'out'}", "data.partition.min_client_size=2"]
     assert main(common + ["data.name=cifar10", f"data.root={tmp_path / 'c10'}", "data.num_clients=4",
-                          "data.partition.name=classes", "data.partition.classes_per_client=3", "logger.run_name=c10"]) == 0
+                          "data.partition.name=classes", "data.partition.classes_per_client=3",
+                          "logger.run_name=c10"]) == 0
     assert (tmp_path / "out" / "c10" / "partition_classes.png").is_file()
     fakes.domain_folders(tmp_path / "dn", "domainnet", ["clipart", "infograph", "painting", "quickdraw", "real",
                                                         "sketch"],
@@ -293,7 +295,8 @@ def test_real_loaders_train_end_to_end(tmp_path, capsys):
                           "wine_glass", "zebra"], per_class=4)
     assert main(common + ["data.name=domainnet", f"data.root={tmp_path / 'dn'}", "data.image_size=16",
                           "data.num_clients=12", "data.partition.name=domains", "data.partition.clients_per_domain=2",
-                          "data.partition.within_domain=classes", "data.partition.classes_per_client=5", "data.test_split=official",
+                          "data.partition.within_domain=classes", "data.partition.classes_per_client=5",
+                          "data.test_split=official",
                           "logger.run_name=dn"]) == 0
     assert (tmp_path / "out" / "dn" / "partition_domains.png").is_file()
     assert main(common + ["data.name=cifar10", f"data.root={tmp_path / 'nothing'}", "logger.run_name=x"]) == 2

@@ -6,7 +6,6 @@ import json
 import sys
 
 import pytest
-
 from conftest import ROOT, run_cli, tiny
 
 nbformat = pytest.importorskip("nbformat", reason="the dev extra (pip install -e '.[dev]') brings nbformat")

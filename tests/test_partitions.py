@@ -6,8 +6,8 @@ import torch
 from omegaconf import OmegaConf
 
 from fl.config import Config, ConfigError
-from fl.data import partition as P
 from fl.core import Split
+from fl.data import partition as P
 from fl.data.base import Pool
 from fl.data.federate import federate
 
@@ -111,7 +111,8 @@ def test_shards_give_each_client_at_most_s_classes_of_equal_size():
 
 def test_domains_with_label_skew_is_fedmosaics_hybrid():
     pool = make_pool(n_per_class=20, domains=3)
-    d = data_cfg({"num_clients": 15, "partition.name": "domains", "partition.clients_per_domain": 5, "partition.within_domain": "classes", "test_split": "official"})
+    d = data_cfg({"num_clients": 15, "partition.name": "domains", "partition.clients_per_domain": 5,
+                  "partition.within_domain": "classes", "test_split": "official"})
     fd = federate(pool, d, seed=0)
     for cid, c in enumerate(fd.clients):
         assert c.domain == cid // 5 and set(c.train.domain.tolist()) == {c.domain}
@@ -122,14 +123,16 @@ def test_domains_with_label_skew_is_fedmosaics_hybrid():
         held = [set(c.train.y.tolist()) for c in fd.clients if c.domain == dom]
         assert sorted(k for h in held for k in h) == list(range(K))
     with pytest.raises(ConfigError, match="clients_per_domain"):
-        federate(pool, data_cfg({"num_clients": 4, "partition.name": "domains", "partition.clients_per_domain": 2}), seed=0)
+        federate(pool, data_cfg({"num_clients": 4, "partition.name": "domains", "partition.clients_per_domain": 2}),
+                 seed=0)
     with pytest.raises(ConfigError, match="has none"):
         federate(make_pool(), data_cfg({"num_clients": 4, "partition.name": "domains"}), seed=0)
 
 
 def test_official_test_follows_each_clients_label_mix():
     pool = make_pool(n_per_class=60)
-    fd = federate(pool, data_cfg({"num_clients": 5, "partition.name": "classes", "partition.classes_per_client": 2, "test_split": "official"}), seed=0)
+    fd = federate(pool, data_cfg({"num_clients": 5, "partition.name": "classes", "partition.classes_per_client": 2,
+                                  "test_split": "official"}), seed=0)
     assert len(fd.global_test) == len(pool.test)
     for c in fd.clients:
         train_h = torch.bincount(c.train.y, minlength=K).double()
@@ -151,7 +154,8 @@ def test_data_scarcity_keeps_a_fraction_of_training_and_all_of_test():
 
 def test_target_as_partition_and_as_a_given_distribution():
     pool = make_pool(n_per_class=60)
-    fd = federate(pool, data_cfg({"num_clients": 9, "partition.name": "classes", "partition.classes_per_client": 2, "partition.class_assignment": "random", "target.distribution": "partition"}), seed=0)
+    fd = federate(pool, data_cfg({"num_clients": 9, "partition.name": "classes", "partition.classes_per_client": 2,
+                                  "partition.class_assignment": "random", "target.distribution": "partition"}), seed=0)
     t = fd.target
     assert len(fd.clients) == 9 and (t.distribution > 0).sum() == 2
     assert set(t.test.y.tolist()) == set(torch.nonzero(t.distribution).flatten().tolist())
@@ -199,12 +203,14 @@ def test_oracle_clients_follow_the_target_and_keep_their_sizes():
 def test_held_out_target_domain_with_dropped_labels_and_a_small_client():
     """FedPALS' PACS protocol: a held-out target domain, client k loses label k, client 2 keeps 10%."""
     pool = make_pool(n_per_class=40, domains=3)
-    d = data_cfg({"num_clients": 3, "partition.name": "iid", "target.domain": "d2", "target.drop_labels": [2], "drop_labels": [[0], [1], [2]], "client_train_fraction": [1.0, 1.0, 0.1]})
+    d = data_cfg({"num_clients": 3, "partition.name": "iid", "target.domain": "d2", "target.drop_labels": [2],
+                  "drop_labels": [[0], [1], [2]], "client_train_fraction": [1.0, 1.0, 0.1]})
     fd = federate(pool, d, seed=0)
     for k, c in enumerate(fd.clients):
         assert k not in c.train.y.tolist() and k not in c.test.y.tolist()
         assert set(c.train.domain.tolist()) <= {0, 1}  # the target domain never reaches a client
-    full = federate(pool, data_cfg({"num_clients": 3, "partition.name": "iid", "target.domain": "d2", "target.drop_labels": [2], "drop_labels": [[0], [1], [2]]}), seed=0)
+    full = federate(pool, data_cfg({"num_clients": 3, "partition.name": "iid", "target.domain": "d2",
+                                    "target.drop_labels": [2], "drop_labels": [[0], [1], [2]]}), seed=0)
     assert len(fd.clients[2].train) == int(0.1 * len(full.clients[2].train))
     t = fd.target
     assert set(t.test.domain.tolist()) == {2} and set(t.val.domain.tolist()) == {0, 1}

@@ -9,14 +9,16 @@ import torch.nn.functional as F
 
 from fl.config import load_config
 from fl.core import batch_indices
+from fl.core.loop import Orchestrator, sample_clients
+from fl.core.seeding import generator
 from fl.data import build_data
 from fl.methods.fedphp import hpm_weight
 from fl.methods.perfedavg import hessian_vector_fd, loss_and_grad
 from fl.methods.pfedme import solve_inner
-from fl.core.loop import Orchestrator, sample_clients
-from fl.core.seeding import generator
 from fl.run.train import main
-from tests.conftest import initial_model, load_ckpt as ckpt, run_tiny as run, read_metrics, run_cli, tiny
+from tests.conftest import initial_model, read_metrics, run_cli, tiny
+from tests.conftest import load_ckpt as ckpt
+from tests.conftest import run_tiny as run
 
 
 def test_ditto_with_lambda_zero_trains_the_personal_model_as_local_does(out):
@@ -196,7 +198,8 @@ def test_fedphp_hpm_is_the_moving_average_of_the_local_models(out):
     avg = ckpt(run(out, "method.name=fedavg", *extra, name="avg"))
     ga, gb = avg["server"]["global_params"], phpd["server"]["global_params"]
     assert all(torch.equal(ga[k], gb[k]) for k in ga)
-    assert hpm_weight(0.9, 0, 1.0, 2) == 0.0 and hpm_weight(0.9, 1, 1.0, 2) == 0.45 and hpm_weight(0.9, 5, 1.0, 2) == 0.9
+    assert hpm_weight(0.9, 0, 1.0, 2) == 0.0 and hpm_weight(0.9, 1, 1.0, 2) == 0.45
+    assert hpm_weight(0.9, 5, 1.0, 2) == 0.9
     cfg = load_config(tiny(out, *extra))
     data = build_data(cfg)
     model = initial_model(cfg, data)
@@ -289,4 +292,5 @@ def test_paper_configs_and_their_synthetic_twins_load(conf, method, hp):
     assert real.method.name == twin.method.name == method
     assert all(real.method[k] == twin.method[k] == v for k, v in hp.items())
     assert twin.data.name.startswith("embedded") and not real.data.name.startswith("embedded")
-    assert real.data.partition.name == twin.data.partition.name and real.trainer.participation == twin.trainer.participation
+    assert real.data.partition.name == twin.data.partition.name
+    assert real.trainer.participation == twin.trainer.participation

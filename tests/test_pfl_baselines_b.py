@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from fl.config import load_config
+from fl.core.loop import sample_clients
 from fl.data import build_data
 from fl.methods.fedbabu import FedBABUClient
 from fl.methods.fedbn import FedBNClient, batchnorm_prefixes
@@ -16,9 +17,10 @@ from fl.methods.fedpac import FedPACServer
 from fl.methods.fedpac.qp import combination_weights
 from fl.methods.fedrod import FedRoDClient, balanced_softmax_loss
 from fl.methods.lg_fedavg import LGFedAvgClient
-from fl.core.loop import sample_clients
 from fl.run.train import main
-from tests.conftest import initial_model, load_ckpt as ckpt, run_tiny as run, read_metrics, run_cli, tiny
+from tests.conftest import initial_model, read_metrics, run_cli, tiny
+from tests.conftest import load_ckpt as ckpt
+from tests.conftest import run_tiny as run
 
 
 def record_uploads(monkeypatch, cls) -> list:
@@ -118,7 +120,7 @@ def test_lg_fedavg_averages_only_the_head(out, monkeypatch):
     head = {k for k in keys if k.startswith("model.head.")}
     g = state["server"]["global_params"]
     assert set(g) == head and all(set(p) == head for _, _, p, _ in uploads)
-    for cid, s in state["clients"].items():
+    for s in state["clients"].values():
         assert set(s["private"]) == keys - head
     # the global head is the n_i-weighted mean of the last round's heads
     last = [(p, w) for rnd, _, p, w in uploads if rnd == cfg.trainer.rounds - 1]
@@ -263,7 +265,7 @@ def test_fedpac_statistics_centroids_and_combined_heads(out, monkeypatch):
     seen = counts > 0
     torch.testing.assert_close(before["mean"][seen].double(), sums[seen] / counts[seen, None], rtol=1e-5, atol=1e-6)
     rows = read_metrics(run_dir)
-    assert "client/%d/align" % sorted(captured[1][1])[0] in rows[1] and 0 < rows[1]["server/alpha_self_mean"] <= 1
+    assert f"client/{sorted(captured[1][1])[0]}/align" in rows[1] and 0 < rows[1]["server/alpha_self_mean"] <= 1
 
 
 def test_fedpac_resume_is_exact(out):
@@ -315,4 +317,5 @@ def test_paper_config_fails_cleanly_without_data_and_its_twin_runs(out, conf, ca
     cfg = load_config([f"conf={conf}_synthetic"])
     assert cfg.method.name == load_config([f"conf={conf}"]).method.name
     assert main([f"conf={conf}_synthetic", f"data.root={out / 'data'}", "trainer.rounds=1", "trainer.local_steps=2",
-                 "data.embedded.samples_per_class=20", "data.partition.min_client_size=5", "trainer.evaluators=[]", "logger.run_name=twin", *common]) == 0
+                 "data.embedded.samples_per_class=20", "data.partition.min_client_size=5", "trainer.evaluators=[]",
+                 "logger.run_name=twin", *common]) == 0

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import run_cli
+
 from fl.core import METHODS, load_plugins
-from fl.report.summary import summarize_history
 from fl.report.cli import write_report
 from fl.report.runs import ReportError, load_local
+from fl.report.summary import summarize_history
 from fl.report.tables import group_runs, table_rows
 from fl.report.wandb_access import load_wandb
 
@@ -118,7 +118,7 @@ def test_variants_settings_and_headline(tmp_path):
             fake_run(root, f"avg-{alpha}-s{seed}", {"name": "fedavg"}, seed, [0.3, 0.5],
                      data={"alpha": alpha})
         fake_run(root, f"pals-s{seed}", {"name": "fedpals", "ess_frac": 0.5}, seed, [0.3, 0.6],
-                 extra={"test/target_acc": lambda i: 0.5 + 0.1 * i + 0.01 * seed,
+                 extra={"test/target_acc": lambda i, seed=seed: 0.5 + 0.1 * i + 0.01 * seed,
                         "val/target_acc": lambda i: 0.9 - 0.1 * i})
     groups = group_runs(load_local([root])[0])
     keys = set(groups)
@@ -156,7 +156,8 @@ class FakeWandbRun:
         self.name, self.state, self.url = run_dir.name, state, f"https://wandb.ai/x/{run_dir.name}"
         self.config = yaml.safe_load((run_dir / "config.yaml").read_text())
         self.rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        self.summary = {"headline": json.loads((run_dir / "summary.json").read_text())["headline"]}  # as fl.train logs it
+        # fl.train writes the headline metric into the W&B summary
+        self.summary = {"headline": json.loads((run_dir / "summary.json").read_text())["headline"]}
 
     def scan_history(self):
         for row in self.rows:  # W&B splits a round over several log calls; the report merges them

@@ -27,7 +27,7 @@ def test_resnet18_feature_shape(shape, stem):
     assert z.shape == (2, 512) and m.feature_dim == 512
     assert m(x).shape == (2, 7)
     assert isinstance(m.backbone[0], nn.Conv2d) and m.backbone[0].kernel_size == ((3, 3) if stem == "cifar" else (7, 7))
-    assert any(isinstance(l, nn.MaxPool2d) for l in m.backbone) == (stem == "imagenet")
+    assert any(isinstance(layer, nn.MaxPool2d) for layer in m.backbone) == (stem == "imagenet")
 
 
 def test_resnet18_parameter_count_and_norms():

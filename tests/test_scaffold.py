@@ -8,11 +8,13 @@ import torch.nn.functional as F
 
 from fl.config import load_config
 from fl.core import batch_indices
-from fl.data import build_data
 from fl.core.loop import sample_clients
 from fl.core.seeding import generator
+from fl.data import build_data
 from fl.run.train import main
-from tests.conftest import initial_model, load_ckpt as ckpt, run_tiny as run, read_metrics, run_cli, tiny
+from tests.conftest import initial_model, read_metrics, run_cli, tiny
+from tests.conftest import load_ckpt as ckpt
+from tests.conftest import run_tiny as run
 
 
 def test_round_0_equals_fedavg_exactly(out):
@@ -102,9 +104,10 @@ def test_equals_a_hand_written_scaffold_loop(out):
 def test_fp16_loss_scaling_scales_the_correction_with_the_gradients(out, monkeypatch):
     """Under 16-mixed, grads stay multiplied by the loss scale until opt.step unscales them; an unscaled
     correction would all but vanish (the run would be close to FedAvg, ~15% away here, instead of ~1e-4)."""
-    import fl.run.train
     from lightning.fabric import Fabric
     from lightning.fabric.plugins.precision import MixedPrecision
+
+    import fl.run.train
 
     extra = ("model.name=logistic", "trainer.rounds=3", "trainer.local_steps=3", "method.name=scaffold",
              "optim.momentum=0", "optim.lr=0.1")

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import yaml
-
 from conftest import ROOT, TINY, run_cli
+
 from fl.config import ConfigError, load_config
 from fl.sweep.runner import Job, train_argv
 from fl.sweep.runner import main as sweep_main

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from fl.config import load_config
+from fl.core.registry import METHODS
+from fl.core.seeding import seed_torch
 from fl.data import build_data
 from fl.metrics.system import majority_vote
 from fl.report.summary import summarize_history
-from fl.core.registry import METHODS
-from fl.core.seeding import seed_torch
 from fl.run.train import main
 from tests.conftest import read_metrics, run_cli, tiny
 

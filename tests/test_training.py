@@ -10,15 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl.core import ClientModule
 from fl.config import MethodConfig, load_config
-from fl.core import batch_indices
-from fl.data import build_data
-from fl.core import build_model
+from fl.core import ClientModule, Server, batch_indices, build_model
 from fl.core.loop import Orchestrator, sample_clients
 from fl.core.registry import register_method
 from fl.core.seeding import generator, seed_torch
-from fl.core import Server
+from fl.data import build_data
 from fl.run.train import main
 from tests.conftest import ROOT, read_metrics, run_cli, run_tiny, tiny
 

@@ -210,7 +210,8 @@ def test_client_transforms_registry(no_frost_dir):
 # ----------------------------------------------------------------------------- embedded multi-domain pool
 
 def small_pool(**kw):
-    args = dict(num_classes=4, num_domains=3, train_per_class_domain=6, test_per_class_domain=3, image_size=16)
+    args = {"num_classes": 4, "num_domains": 3, "train_per_class_domain": 6, "test_per_class_domain": 3,
+            "image_size": 16}
     return ED.make_pool(**{**args, **kw})
 
 

@@ -4,11 +4,10 @@ import math
 import pytest
 import torch
 
-from fl.core import batch_indices
-from fl.core import summarize_clients
-from fl.report.summary import summarize_history
+from fl.core import batch_indices, summarize_clients
 from fl.core.loop import WeightedSum, sample_clients
 from fl.core.seeding import derive_seed, generator
+from fl.report.summary import summarize_history
 
 
 def test_batch_indices_epochs_cover_each_sample_once_per_pass():
@@ -68,8 +67,8 @@ def test_client_summaries_closed_form():
 
 
 def test_history_summary_final_best_last_k():
-    hist = [{"round": r, "test/acc": a, "train/loss": l, "client/0/acc": 0.0}
-            for r, a, l in [(0, 0.2, 2.0), (1, 0.6, 1.0), (2, 0.5, 1.5)]]
+    hist = [{"round": r, "test/acc": a, "train/loss": loss, "client/0/acc": 0.0}
+            for r, a, loss in [(0, 0.2, 2.0), (1, 0.6, 1.0), (2, 0.5, 1.5)]]
     s = summarize_history(hist, last_k=2)
     assert s["final"] == {"test/acc": 0.5, "train/loss": 1.5}
     assert s["best"] == {"test/acc": 0.6, "train/loss": 1.0} and s["best_round"]["test/acc"] == 1
@@ -78,8 +77,8 @@ def test_history_summary_final_best_last_k():
 
 def test_round_cosine_schedule_matches_the_formula():
     """eta_t = min_lr + (lr - min_lr)(1 + cos(pi t / R)) / 2, stepped once per round (FedDRM's schedule)."""
-    from fl.core import round_lr
     from fl.config import load_config
+    from fl.core import round_lr
 
     cfg = load_config(["optim.lr=0.01", "optim.round_schedule=cosine", "trainer.rounds=800"])
     assert round_lr(cfg, 0) == pytest.approx(0.01)

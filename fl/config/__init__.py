@@ -1,9 +1,29 @@
 """The run configuration: typed schema (schema.py), loading and checking (load.py), errors (errors.py)."""
 from fl.config.errors import ConfigError
-from fl.config.schema import (Config, DataConfig, EmbeddedConfig, MethodConfig, PartitionConfig, TargetConfig, param,
-                              search_spaces)
-from fl.config.load import (CONF_DIR, DEFAULT_CONF, MOVED_KEYS, RESUMABLE_KEYS, available_confs, choices_msg,
-                            load_conf_file, load_config, parse_argv, resolve_conf_path, to_yaml, validate)
+from fl.config.load import (
+                              CONF_DIR,
+                              DEFAULT_CONF,
+                              MOVED_KEYS,
+                              RESUMABLE_KEYS,
+                              available_confs,
+                              choices_msg,
+                              load_conf_file,
+                              load_config,
+                              parse_argv,
+                              resolve_conf_path,
+                              to_yaml,
+                              validate,
+)
+from fl.config.schema import (
+                              Config,
+                              DataConfig,
+                              EmbeddedConfig,
+                              MethodConfig,
+                              PartitionConfig,
+                              TargetConfig,
+                              param,
+                              search_spaces,
+)
 
 __all__ = ["ConfigError", "Config", "DataConfig", "EmbeddedConfig", "MethodConfig", "PartitionConfig", "TargetConfig",
            "param", "search_spaces", "CONF_DIR", "DEFAULT_CONF", "MOVED_KEYS", "RESUMABLE_KEYS", "available_confs",

@@ -8,7 +8,7 @@ Bad input raises `ConfigError` with a one-line message naming the key (and file)
 from __future__ import annotations
 
 import difflib
-from dataclasses import fields, is_dataclass, make_dataclass, field
+from dataclasses import field, fields, is_dataclass, make_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -76,7 +76,7 @@ def resolve_conf_path(name: str) -> Path:
 
 def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
     if isinstance(node, DictConfig):
-        return [k for key in node.keys() for k in _leaf_keys(node[key], f"{prefix}{key}.")]
+        return [k for key in node for k in _leaf_keys(node[key], f"{prefix}{key}.")]
     return [prefix.rstrip(".")]
 
 

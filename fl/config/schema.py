@@ -24,7 +24,8 @@ def param(default: Any, *, ge=None, gt=None, le=None, lt=None, choices=None, sea
 @dataclass
 class TrainerConfig:
     rounds: int = param(20, ge=1, help="communication rounds")
-    local_epochs: Optional[int] = param(1, ge=1, help="local passes over the client's data (ignored if local_steps is set)")
+    local_epochs: Optional[int] = param(1, ge=1,
+                                        help="local passes over the client's data (ignored if local_steps is set)")
     local_steps: Optional[int] = param(None, ge=1, help="local optimizer steps per round; overrides local_epochs")
     batch_size: int = param(32, ge=1)
     drop_last: bool = False

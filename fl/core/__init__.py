@@ -1,19 +1,29 @@
 """The federated engine: the round loop and what it is made of. Methods, evaluators, datasets and models plug
 in through the registry; nothing here imports them."""
-from fl.core.registry import (METHODS, MethodSpec, build_model, load_plugins, register_augmentation,
-                              register_dataset, register_evaluator, register_method, register_model)
-from fl.core.seeding import derive_seed, generator, seed_torch
-from fl.core.federated_data import ClientData, FederatedData, Split, Target
 from fl.core.batches import augment, batch_indices
-from fl.core.optim import build_optimizer, round_lr
 from fl.core.client import HEAD, ClientModule, Upload
 from fl.core.context import EvalContext, RoundContext
-from fl.core.server import Server
 from fl.core.evaluation import Evaluator, GroupedAccuracy, summarize_clients
-from fl.core.loop import Interrupted, Orchestrator, TrainingFault, sample_clients
+from fl.core.federated_data import ClientData, FederatedData, Split, Target
+from fl.core.loop import Interrupted, Orchestrator, TrainingFault, make_client_module, sample_clients
+from fl.core.optim import build_optimizer, round_lr
+from fl.core.registry import (
+                              METHODS,
+                              MethodSpec,
+                              build_model,
+                              load_plugins,
+                              register_augmentation,
+                              register_dataset,
+                              register_evaluator,
+                              register_method,
+                              register_model,
+)
+from fl.core.seeding import derive_seed, generator, seed_torch
+from fl.core.server import Server
 
 __all__ = ["METHODS", "MethodSpec", "build_model", "load_plugins", "register_augmentation", "register_dataset",
            "register_evaluator", "register_method", "register_model", "derive_seed", "generator", "seed_torch",
            "ClientData", "FederatedData", "Split", "Target", "augment", "batch_indices", "build_optimizer",
            "round_lr", "HEAD", "ClientModule", "Upload", "EvalContext", "RoundContext", "Server", "Evaluator",
-           "GroupedAccuracy", "summarize_clients", "Interrupted", "Orchestrator", "TrainingFault", "sample_clients"]
+           "GroupedAccuracy", "summarize_clients", "Interrupted", "Orchestrator", "TrainingFault", "make_client_module",
+           "sample_clients"]

@@ -1,7 +1,8 @@
 """Seeded mini-batches of a client's data, and the training-time augmentations applied to them."""
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 import torch
 from torch import Tensor

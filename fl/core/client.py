@@ -15,9 +15,11 @@ Evaluation swaps each client in the same way, then calls `personalize()` and sco
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
 
 import lightning as L
 import torch
@@ -233,13 +235,9 @@ class ClientModule(L.LightningModule):
         self.eval()
         try:
             for begin in range(start * bs, len(split), stride * bs):
-                with torch.no_grad():
+                with torch.no_grad(), self.fabric.autocast() if autocast else contextlib.nullcontext():
                     x, y = self.make_batch(split, slice(begin, begin + bs))
-                    if autocast:
-                        with self.fabric.autocast():
-                            out = fn(x)
-                    else:
-                        out = fn(x)
+                    out = fn(x)
                 yield out, y
         finally:
             self.train(was_training)

@@ -1,8 +1,8 @@
 """What a server hook or an evaluator gets each round: a small context, not the loop."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from lightning.fabric import Fabric
 from omegaconf import DictConfig

@@ -44,7 +44,8 @@ class GroupedAccuracy(Metric):
         return tuple(t.reshape(-1) for t in self.compute())
 
 
-def summarize_clients(correct: Tensor, total: Tensor, train_sizes: list[int], prefix: str = "test/") -> dict[str, float]:
+def summarize_clients(correct: Tensor, total: Tensor, train_sizes: list[int], prefix: str = "test/") -> dict[str,
+                                                                                                             float]:
     """acc_mean_clients (unweighted), acc_weighted (by test size), acc_weighted_train (by train size,
     FedDRM's Table 2), acc_micro (pooled correct / pooled total), std across clients (unbiased) and
     the mean of the worst 10% of clients (at least one). Clients without test samples are skipped."""

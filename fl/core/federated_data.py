@@ -22,16 +22,16 @@ class Split:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
-    def to(self, device, dtype: Optional[torch.dtype] = None) -> "Split":
+    def to(self, device, dtype: Optional[torch.dtype] = None) -> Split:
         """Move to `device`; floating inputs are cast to `dtype` (the model's, e.g. float64 under 64-true)."""
         x = self.x.to(device, dtype) if dtype is not None and self.x.is_floating_point() else self.x.to(device)
         return Split(x, self.y.to(device), None if self.domain is None else self.domain.to(device))
 
-    def subset(self, idx: Tensor) -> "Split":
+    def subset(self, idx: Tensor) -> Split:
         return Split(self.x[idx], self.y[idx], None if self.domain is None else self.domain[idx])
 
     @staticmethod
-    def cat(splits: list["Split"]) -> "Split":
+    def cat(splits: list[Split]) -> Split:
         domains = [s.domain for s in splits]
         domain = None if any(d is None for d in domains) else torch.cat(domains)
         return Split(torch.cat([s.x for s in splits]), torch.cat([s.y for s in splits]), domain)
@@ -107,7 +107,7 @@ class FederatedData:
             h.update(b"|")
         return h.hexdigest()[:16]
 
-    def to(self, device, dtype: Optional[torch.dtype] = None) -> "FederatedData":
+    def to(self, device, dtype: Optional[torch.dtype] = None) -> FederatedData:
         move = lambda s: None if s is None else s.to(device, dtype)  # noqa: E731
         clients = [ClientData(move(c.train), move(c.test), c.domain) for c in self.clients]
         target = None if self.target is None else Target(self.target.distribution, move(self.target.val),

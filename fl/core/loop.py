@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import signal
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 from lightning.fabric import Fabric
@@ -52,6 +51,21 @@ def enabled_evaluators(cfg: DictConfig) -> list[Evaluator]:
     return [EVALUATORS[n](settings.get(n)) for n in names]
 
 
+def make_client_module(cfg: DictConfig, fabric: Fabric, data: FederatedData) -> tuple[ClientModule, FederatedData]:
+    """The method's ClientModule, seeded so every client and the server start from one model, attached to
+    the run's data moved to the device in the model's dtype (index batching); returns both. The loop keeps
+    one for the whole run; a unit test can drive one client through it without a run."""
+    with fabric.init_module():
+        seed_torch(cfg.seed, 0, -1, "init")
+        module: ClientModule = METHODS[cfg.method.name].client_cls(cfg, data)
+    dtype = next(module.parameters()).dtype
+    data = data.to(fabric.device if cfg.data.on_device else "cpu", dtype)
+    module.fabric = fabric  # LightningModule's Fabric integration: manual_backward, autocast
+    module.attach(data)
+    module.snapshot_initial_state()
+    return module, data
+
+
 class Orchestrator:
     def __init__(self, cfg: DictConfig, fabric: Fabric, data: FederatedData, server: Server, run_dir: Path):
         self.cfg = cfg
@@ -63,15 +77,7 @@ class Orchestrator:
         self.evaluators = enabled_evaluators(cfg)
         self._stop_requested = False
         self._last_broadcast_bytes = 0
-        with fabric.init_module():
-            seed_torch(cfg.seed, 0, -1, "init")  # every client and the server start from one model
-            self.module: ClientModule = METHODS[cfg.method.name].client_cls(cfg, data)
-        # client data lives on the device, in the model's dtype, for index batching
-        dtype = next(self.module.parameters()).dtype
-        self.data = data.to(fabric.device if cfg.data.on_device else "cpu", dtype)
-        self.module.fabric = fabric  # LightningModule's Fabric integration: manual_backward, autocast
-        self.module.attach(self.data)
-        self.module.snapshot_initial_state()
+        self.module, self.data = make_client_module(cfg, fabric, data)
         server.setup(self.module, self.data)
         self.ckpt_path = run_dir / "checkpoints" / "last.ckpt"
 

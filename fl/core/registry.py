@@ -9,8 +9,9 @@ packages that register (`load_plugins` imports them by name, as entry points wou
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 PLUGIN_PACKAGES = ("fl.data", "fl.models", "fl.metrics", "fl.methods")
 

@@ -16,7 +16,8 @@ __all__ = ["ClientData", "DataError", "FederatedData", "Pool", "Split", "Target"
 def embedded_images(d: DictConfig) -> Pool:
     """The quickstart's procedurally generated images (one domain, no official test split)."""
     e = d.embedded
-    x, y = embedded.load_or_generate(d.root, e.num_classes, e.samples_per_class, e.channels, d.image_size or 16, e.noise)
+    x, y = embedded.load_or_generate(d.root, e.num_classes, e.samples_per_class, e.channels, d.image_size or 16,
+                                     e.noise)
     pixels = x.double().div(255).transpose(0, 1).flatten(1)  # per-channel statistics for normalisation
     return Pool("embedded", Split(x, y), None, e.num_classes, [f"class{k}" for k in range(e.num_classes)],
                 mean=tuple(pixels.mean(1).tolist()), std=tuple(pixels.std(1).tolist()))

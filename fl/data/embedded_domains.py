@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as nnf
 from torch import Tensor
 
-from fl.core import derive_seed, Split
+from fl.core import Split, derive_seed
 from fl.data.base import Pool
 
 GENERATION_SEED = 20261122

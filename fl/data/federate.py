@@ -10,8 +10,8 @@ import torch
 from omegaconf import DictConfig
 
 from fl.config import ConfigError
+from fl.core import ClientData, FederatedData, Split, Target, derive_seed
 from fl.data import partition as P
-from fl.core import ClientData, derive_seed, FederatedData, Split, Target
 from fl.data.base import Pool
 from fl.data.transforms import CLIENT_TRANSFORMS
 

@@ -40,7 +40,8 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random
         if sizes.min() >= min_size:
             return [np.sort(np.concatenate(client)) for client in parts]
     raise ConfigError(f"no Dirichlet(alpha={alpha}) split gave every one of {num_clients} clients >= {min_size} "
-                      f"samples in {max_tries} draws; lower data.partition.min_client_size or raise data.partition.alpha")
+                      f"samples in {max_tries} draws; lower data.partition.min_client_size or raise "
+                      "data.partition.alpha")
 
 
 def dirichlet_per_client(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator,

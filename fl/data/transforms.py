@@ -21,8 +21,9 @@ import io
 import math
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch

@@ -4,7 +4,29 @@ The five papers: FedPALS (fedpals/), FedDRM (feddrm.py), FedMosaic (fedmosaic/, 
 (pfedfda/), FedACD (fedacd/). Their baselines: FedAvg, FedProx, FedAvg-FT, FedPer, Local, Centralized,
 SCAFFOLD, FedRep, Ditto, APFL, pFedMe, Per-FedAvg, FedPHP, FedBN, FedBABU, LG-FedAvg, FedRoD, FedPAC.
 """
-from fl.methods import (apfl, centralized, ditto, fedacd, fedavg, fedavg_ft, fedbabu, fedbn, feddrm,  # noqa: F401
-                        fedmosaic, fedpac, fedpals, fedper, fedphp, fedprox, fedrep, fedrod, lg_fedavg, local,
-                        perfedavg, pfedfda, pfedme, scaffold)
+from fl.methods import (  # noqa: F401
+                        apfl,
+                        centralized,
+                        ditto,
+                        fedacd,
+                        fedavg,
+                        fedavg_ft,
+                        fedbabu,
+                        fedbn,
+                        feddrm,
+                        fedmosaic,
+                        fedpac,
+                        fedpals,
+                        fedper,
+                        fedphp,
+                        fedprox,
+                        fedrep,
+                        fedrod,
+                        lg_fedavg,
+                        local,
+                        perfedavg,
+                        pfedfda,
+                        pfedme,
+                        scaffold,
+)
 from fl.methods.fedmosaic import fedct  # noqa: F401

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from fl.core import build_optimizer, ClientModule, register_method, Server
 from fl.config import ConfigError, MethodConfig, param
+from fl.core import ClientModule, Server, build_optimizer, register_method
 
 
 @dataclass

@@ -5,8 +5,8 @@ the same as for federated methods (each client's test split, and the pooled test
 """
 from dataclasses import dataclass
 
-from fl.core import ClientModule, FederatedData, Split, register_method, Server
 from fl.config import MethodConfig
+from fl.core import ClientModule, FederatedData, Server, Split, register_method
 
 
 @dataclass

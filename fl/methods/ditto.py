@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl.core import ClientModule, register_method, Server
 from fl.config import MethodConfig, param
+from fl.core import ClientModule, Server, register_method
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """FedAvg (McMahan et al., 2017): local SGD on each client, server averages with weights n_i / N."""
 from dataclasses import dataclass
 
-from fl.core import ClientModule, register_method, Server
 from fl.config import MethodConfig
+from fl.core import ClientModule, Server, register_method
 
 
 @dataclass

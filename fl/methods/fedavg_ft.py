@@ -4,8 +4,8 @@ The fine-tuned copy is used only for that client's evaluation; it is never sent 
 """
 from dataclasses import dataclass
 
-from fl.core import ClientModule, register_method, Server
 from fl.config import MethodConfig, param
+from fl.core import ClientModule, Server, register_method
 
 
 @dataclass

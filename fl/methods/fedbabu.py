@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fl.core import HEAD, ClientModule, Server, Upload, build_optimizer, register_method
 from fl.config import MethodConfig, param
+from fl.core import HEAD, ClientModule, Server, Upload, build_optimizer, register_method
 
 
 @dataclass

@@ -5,7 +5,7 @@ batch counter) to itself: they are never uploaded, never averaged and never over
 Everything else is averaged as in FedAvg (weights n_i). A client is evaluated with the shared layers and its
 own BatchNorm layers; there is no global model (it would have no BatchNorm state of its own).
 
-The BatchNorm layers are found by module type (`torch.nn.modules.batchnorm._BatchNorm`), so any model with
+The BatchNorm layers are found by module type (nn.BatchNorm1d/2d/3d, SyncBatchNorm), so any model with
 BatchNorm works; the small CNN has it with `model.norm=batch`.
 """
 from __future__ import annotations
@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from fl.core import ClientModule, register_method, Server
 from fl.config import ConfigError, MethodConfig
+from fl.core import ClientModule, Server, register_method
+
+BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 @dataclass
@@ -25,7 +27,7 @@ class FedBNConfig(MethodConfig):
 
 def batchnorm_prefixes(module: nn.Module) -> tuple[str, ...]:
     """State-dict prefixes ("model.backbone.1.") of every BatchNorm layer of `module`."""
-    return tuple(f"{name}." for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
+    return tuple(f"{name}." for name, m in module.named_modules() if isinstance(m, BATCHNORMS))
 
 
 class FedBNClient(ClientModule):

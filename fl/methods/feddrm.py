@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fl.core import HEAD, ClientModule, register_method, Server
 from fl.config import MethodConfig, param
+from fl.core import HEAD, ClientModule, Server, register_method
 
 ROUTING_RULES = ("posterior", "density_ratio")
 

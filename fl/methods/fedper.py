@@ -1,8 +1,8 @@
 """FedPer (Arivazhagan et al., 2019): FedAvg on the base layers; the classifier head stays on each client."""
 from dataclasses import dataclass
 
-from fl.core import HEAD, ClientModule, register_method, Server
 from fl.config import MethodConfig
+from fl.core import HEAD, ClientModule, Server, register_method
 
 
 @dataclass

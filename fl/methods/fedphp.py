@@ -24,14 +24,13 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl.core import build_optimizer, ClientModule, register_method, Server
 from fl.config import MethodConfig, param
+from fl.core import ClientModule, Server, build_optimizer, register_method
 
 
 @dataclass

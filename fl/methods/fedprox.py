@@ -4,8 +4,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fl.core import ClientModule, register_method, Server
 from fl.config import MethodConfig, param
+from fl.core import ClientModule, Server, register_method
 
 
 @dataclass

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fl.core import HEAD, ClientModule, register_method, Server
 from fl.config import ConfigError, MethodConfig, param
+from fl.core import HEAD, ClientModule, Server, register_method
 
 
 @dataclass

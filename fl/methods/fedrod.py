@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fl.core import ClientModule, register_method, Server
 from fl.config import MethodConfig
+from fl.core import ClientModule, Server, register_method
 
 
 @dataclass

@@ -8,8 +8,8 @@ the pooled test set (the averaged head has no body of its own).
 """
 from dataclasses import dataclass
 
-from fl.core import HEAD, ClientModule, register_method, Server
 from fl.config import MethodConfig
+from fl.core import HEAD, ClientModule, Server, register_method
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Local: each client trains only on its own data; nothing is communicated."""
 from dataclasses import dataclass
 
-from fl.core import ClientModule, register_method, Server, Upload
 from fl.config import MethodConfig
+from fl.core import ClientModule, Server, Upload, register_method
 
 
 @dataclass

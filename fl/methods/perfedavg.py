@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from fl.core import ClientModule, generator, register_method, Server
 from fl.config import MethodConfig, param
+from fl.core import ClientModule, Server, generator, register_method
 
 
 @dataclass

@@ -24,15 +24,15 @@ How it maps onto this framework:
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl.core import build_optimizer, ClientModule, register_method, Server
 from fl.config import MethodConfig, param
+from fl.core import ClientModule, Server, build_optimizer, register_method
 
 
 @dataclass

@@ -31,13 +31,13 @@ How it maps onto this framework:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from fl.core import ClientModule, register_method, Server, Upload
 from fl.config import MethodConfig, param
+from fl.core import ClientModule, Server, Upload, register_method
 
 
 @dataclass

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fl.models.small import BackboneHead
 from fl.core.registry import register_model
+from fl.models.small import BackboneHead
 
 
 @register_model("alexnet_bn")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fl.models.small import BackboneHead
 from fl.core.registry import register_model
+from fl.models.small import BackboneHead
 
 FEATURE_DIM = 128
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from fl.config import ConfigError
-from fl.models.small import BackboneHead
 from fl.core.registry import register_model
+from fl.models.small import BackboneHead
 
 
 def _norm(kind: str, channels: int, groups: int) -> nn.Module:

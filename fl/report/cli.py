@@ -20,8 +20,16 @@ from typing import Optional
 from fl.report.html import html_page
 from fl.report.plots import all_figures
 from fl.report.runs import ReportError, Run, load_local
-from fl.report.tables import (DEFAULT_METRIC, columns, default_metrics, group_runs, latex_table, markdown_table,
-                              sweep_metrics, table_rows)
+from fl.report.tables import (
+    DEFAULT_METRIC,
+    columns,
+    default_metrics,
+    group_runs,
+    latex_table,
+    markdown_table,
+    sweep_metrics,
+    table_rows,
+)
 from fl.report.wandb_access import load_wandb
 
 

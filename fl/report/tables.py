@@ -2,16 +2,11 @@
 from __future__ import annotations
 
 import json
-import math
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import OmegaConf
-
-from fl.report.runs import ReportError, Run, flatten, load_local
-from fl.report.wandb_access import load_wandb
+from fl.report.runs import Run
 
 DEFAULT_METRIC = "test/acc_mean_clients"
 # keys that never define a setting or a variant: seeds, paths, logging, devices

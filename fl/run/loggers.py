@@ -72,7 +72,7 @@ def make_wandb_logger(cfg: DictConfig, run_dir: Path, run_name: str):
 EVAL_PREFIXES = ("test/", "val/")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def wandb_logger_cls():
     """Defined on first use: importing lightning.pytorch costs seconds, and runs without W&B skip it."""
     from lightning.pytorch.loggers import WandbLogger

@@ -14,7 +14,8 @@ class RoundProgress:
     def __init__(self, rounds: int, start: int):
         self.tty = sys.stderr.isatty()
         self.rounds = rounds
-        self.bar = tqdm(total=rounds, initial=start, desc="rounds", unit="round", dynamic_ncols=True) if self.tty else None
+        self.bar = tqdm(total=rounds, initial=start, desc="rounds", unit="round",
+                        dynamic_ncols=True) if self.tty else None
         self.live: dict[str, float] = {}
 
     def update(self, rnd: int, metrics: dict[str, float]) -> None:

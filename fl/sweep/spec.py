@@ -205,8 +205,7 @@ def check_spec(name: str, spec: dict) -> None:
             raise ConfigError(f"parameters.{name}.min: {a!r} must be > 0 for {dist}")
         if dist == "int_uniform" and not all(isinstance(spec[k], int) for k in ("min", "max")):
             raise ConfigError(f"parameters.{name}: int_uniform needs integer min and max")
-        if dist.startswith("q_") and "q" in spec:
-            if _number(name, spec, "q") <= 0:
+        if dist.startswith("q_") and "q" in spec and _number(name, spec, "q") <= 0:
                 raise ConfigError(f"parameters.{name}.q: {spec['q']!r} must be > 0")
 
 

@@ -17,9 +17,9 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from fl.core import Split
+from fl.core.registry import register_dataset
 from fl.data.base import DataError, Pool
 from fl.data.sources.domains import check_no_variant
-from fl.core.registry import register_dataset
 
 LAYOUT = ("a .npz or .pt file with x and y (optionally domain, x_test, y_test, domain_test, class_names, "
           "domain_names, mean, std)")

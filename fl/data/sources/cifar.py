@@ -21,9 +21,9 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from fl.core import Split
+from fl.core.registry import register_dataset
 from fl.data.base import DataError, Pool
 from fl.data.sources.domains import check_no_variant
-from fl.core.registry import register_dataset
 
 # Normalize(0.5, 0.5) -> [-1, 1]: FedDRM (spec 000 §5), FedMosaic (spec 002 §8), pFedFDA (spec 003 §4);
 # FedACD (spec 004) only says "per-channel normalisation".

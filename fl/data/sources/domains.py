@@ -34,8 +34,8 @@ from torch import Tensor
 
 from fl.config import ConfigError
 from fl.core import Split
-from fl.data.base import DataError, Pool
 from fl.core.registry import register_dataset
+from fl.data.base import DataError, Pool
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png")
 CACHE_VERSION = "v1"

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from fl.core import derive_seed, Split
-from fl.data.base import Pool
+from fl.core import Split, derive_seed
 from fl.core.registry import register_dataset
+from fl.data.base import Pool
 
 MEANS = torch.tensor([[6.0, 4.6], [1.2, -1.6], [4.6, -5.4]])
 CLIENTS = ((20, 20, 0), (9, 0, 9))  # per-class counts of each client

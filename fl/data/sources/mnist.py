@@ -18,9 +18,9 @@ from torch import Tensor
 
 from fl.config import ConfigError
 from fl.core import Split
+from fl.core.registry import register_dataset
 from fl.data.base import DataError, Pool
 from fl.data.sources.domains import check_no_variant
-from fl.core.registry import register_dataset
 
 MEAN, STD = (0.5,), (0.5,)  # Normalize(0.5, 0.5) -> [-1, 1]: specs 002 §8 (FMNIST) and 003 §4 (EMNIST)
 NATIVE_SIZE = 28

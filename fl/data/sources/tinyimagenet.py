@@ -13,9 +13,9 @@ import torch
 from omegaconf import DictConfig
 
 from fl.core import Split
+from fl.core.registry import register_dataset
 from fl.data.base import DataError, Pool
 from fl.data.sources.domains import Entry, cached_images, check_no_variant, list_images
-from fl.core.registry import register_dataset
 
 FOLDER = "tiny-imagenet-200"
 DEFAULT_SIZE = 64  # native resolution (specs 003 §5.1, 004 "Datasets")

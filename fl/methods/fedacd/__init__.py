@@ -26,15 +26,15 @@ training accumulated (`train`). The P behind V is what the client keeps (`kept_P
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl.core import ClientModule, derive_seed, generator, register_method, Server, Upload
 from fl.config import MethodConfig, param
+from fl.core import ClientModule, Server, Upload, derive_seed, generator, register_method
 from fl.methods.fedacd.losses import accumulate, adjustment_matrix, l1_flatten, l2_adjusted_ce, rows_from, score_v
 from fl.metrics.adaptability import KL_REDUCTIONS, kl_pq, local_probability_matrix
 

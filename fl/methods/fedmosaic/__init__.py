@@ -24,12 +24,31 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from fl.core import (ClientModule, Server, Split, Upload, batch_indices, build_model, generator, register_method,
-                     seed_torch)
 from fl.config import ConfigError, MethodConfig, param
-from fl.methods.fedmosaic.vote import (UNCERTAINTY_SCORES, adaptive_lambda, check_upload, class_frequencies,
-                                       confidence_u, confidence_w, consensus, cotraining_loss, dp_noise,
-                                       label_dtype, vote_scores)
+from fl.core import (
+    ClientModule,
+    Server,
+    Split,
+    Upload,
+    batch_indices,
+    build_model,
+    generator,
+    register_method,
+    seed_torch,
+)
+from fl.methods.fedmosaic.vote import (
+    UNCERTAINTY_SCORES,
+    adaptive_lambda,
+    check_upload,
+    class_frequencies,
+    confidence_u,
+    confidence_w,
+    consensus,
+    cotraining_loss,
+    dp_noise,
+    label_dtype,
+    vote_scores,
+)
 
 
 @dataclass

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fl.methods.fedmosaic import CoTrainingClient, CoTrainingConfig, CoTrainingServer, resolve
 from fl.core import register_method
+from fl.methods.fedmosaic import CoTrainingClient, CoTrainingConfig, CoTrainingServer, resolve
 
 
 @dataclass

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl.core import HEAD, ClientModule, Server, Upload, build_optimizer, register_method
 from fl.config import MethodConfig, param
+from fl.core import HEAD, ClientModule, Server, Upload, build_optimizer, register_method
 from fl.methods.fedpac.qp import SOLVERS, combination_weights
 
 
@@ -45,7 +45,8 @@ class FedPACConfig(MethodConfig):
     head_lr: Optional[float] = param(0.1, gt=0.0, help="learning rate of the head phase; null = the round's optim.lr")
     align_reduction: str = param("mean", choices=["sum", "mean"],
                                  help="R_i per sample: mean = ||f(x) - c_y||^2 / d (the original code's MSELoss, "
-                                 "the scale its lambda grid was tuned at), sum = ||f(x) - c_y||^2 (the paper's formula)")
+                                 "the scale its lambda grid was tuned at), sum = ||f(x) - c_y||^2 (the paper's "
+                                 "formula)")
     solver: str = param("CLARABEL", choices=list(SOLVERS), help="cvxpy solver of the combination QP")
 
 

@@ -21,6 +21,7 @@ import cvxpy as cp
 import numpy as np
 
 from fl.methods.simplex_qp import SOLVERS, solve_simplex  # noqa: F401  (SOLVERS: the configs' choices)
+
 # optima often sit on a face of the simplex; the default gaps leave ~1e-5 on weights that should be 0
 OPTIONS = {"CLARABEL": {"tol_gap_abs": 1e-10, "tol_gap_rel": 1e-10, "tol_feas": 1e-10}}
 

@@ -9,11 +9,10 @@ for each round's set of clients.
 from dataclasses import dataclass
 from typing import Optional
 
-
 from fl.config import ConfigError, MethodConfig, param
+from fl.core import Server, register_method
 from fl.methods.fedpals.qp import SOLVERS, ess, fedpals_weights, lambda_for_ess, mismatch
 from fl.methods.fedprox import FedProxClient
-from fl.core import register_method, Server
 
 
 @dataclass

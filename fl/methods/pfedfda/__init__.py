@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl.core import ClientModule, generator, register_method, Server, Upload
 from fl.config import MethodConfig, param
+from fl.core import ClientModule, Server, Upload, generator, register_method
 from fl.methods.pfedfda.stats import estimate, interpolate, lda_head, priors, solve_beta
 
 
@@ -48,7 +48,7 @@ class PFedFDAConfig(MethodConfig):
     full_last_round: bool = param(True, help="every client takes part in the last round")
 
 
-def _log_prior(module: "PFedFDAClient", cid: int) -> Tensor:
+def _log_prior(module: PFedFDAClient, cid: int) -> Tensor:
     if cid < 0:  # the global model: uniform priors
         return torch.full((module.num_classes,), -np.log(module.num_classes), dtype=torch.float64)
     return priors(module.train_split(module.data, cid).y, module.num_classes).log()
@@ -184,7 +184,7 @@ class PFedFDAServer(Server):
 
     def on_round_end(self, ctx, metrics: dict) -> None:
         betas = getattr(self, "round_betas", {})
-        for cid, (b, bc, fb) in betas.items():
+        for cid, (b, bc, _) in betas.items():
             metrics[f"client/{cid}/beta"] = b
             if self.hp.beta_mode == "separate":
                 metrics[f"client/{cid}/beta_cov"] = bc
