@@ -3,15 +3,15 @@
 Two families, each reproducing one paper's protocol:
 
 * `feddrm_color`: FedDRM's deterministic colour transform per client (saturation, hue, gamma and,
-  in the scalability pool, 2-bit posterize), spec seed-000 §5.3, official `utils/dataset.py`.
+  in the scalability pool, 2-bit posterize), FedDRM Sec. 3.1 and App. F.1-F.2, official `utils/dataset.py`.
 * `cifar_s`: pFedFDA's CIFAR10-S / CIFAR100-S, one Hendrycks corruption at one severity per client for
-  the first 50 clients, spec seed-003 §5.3 and §8 #13, with the CIFAR parameters of Hendrycks'
-  `make_cifar_c.py` (not the ImageNet-scale ones of the `imagecorruptions` package, §9 pitfall 13).
+  the first 50 clients, pFedFDA Sec. 5.1 and App. C.1.1, with the CIFAR parameters of Hendrycks'
+  `make_cifar_c.py` (not the ImageNet-scale ones of the `imagecorruptions` package).
 
 Both use torch / torchvision ops (and PIL, which torchvision ships with, where the reference used
 PIL: JPEG, and reading the frost images), so that a client's shifted images can be computed
-once when the federation is built and cached as uint8 (FedDRM spec §9.1 "Caching ... is a safe
-speed-up"). Randomness (noise, blur angle, fog, frost crop) comes from a generator seeded by
+once when the federation is built and cached as uint8 (safe for FedDRM: its only random op, the crop,
+is applied afterwards). Randomness (noise, blur angle, fog, frost crop) comes from a generator seeded by
 `derive_seed(seed, 0, client, "corruption")`, so the shifted data depend only on (seed, client, images).
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _check_client(client: int, num_clients: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# FedDRM (seed-000 §5.3)
+# FedDRM (Sec. 3.1, App. F.1-F.2)
 # --------------------------------------------------------------------------------------------------
 
 # (gamma levels, hue levels, saturation levels); client i takes bit 0, 1, 2 of i for gamma, hue, saturation.
@@ -64,7 +64,7 @@ def feddrm_params(client: int, num_clients: int, level: str = "auto") -> tuple[f
     """(gamma, hue shift, saturation factor, posterize?) of one client.
 
     `level` is "low" | "mid" | "high" (the 2^3 bit grid of the main setting and the intensity ablation,
-    spec §5.3) or "pool" (the 3^3 x 2 scalability pool, App. F.2.1). "auto" [our choice, not the
+    Sec. 3.1 and App. F.2.2) or "pool" (the 3^3 x 2 scalability pool, App. F.2.1). "auto" [our choice, not the
     paper's] picks "high" for up to 8 clients and "pool" above, since the bit grid only has 8 distinct
     transforms (the official code silently repeats them: bits above 2 are ignored).
     """
@@ -81,17 +81,17 @@ def feddrm_params(client: int, num_clients: int, level: str = "auto") -> tuple[f
 
 
 def feddrm_color(x: Tensor, client: int, num_clients: int, level: str = "auto", backend: str = "pil") -> Tensor:
-    """Saturation -> hue -> gamma [-> posterize], the official order (spec §5.3: ordering matters).
+    """Saturation -> hue -> gamma [-> posterize], the official order (ordering matters).
 
     Deterministic. The official pipeline's RandomResizedCrop(32, scale=(0.9, 1)) comes first and is
     stochastic, so it is not part of this function: apply it on the fly to the cached colour-shifted
-    images (spec §9.1).
+    images.
 
     backend "pil" (default) runs torchvision's functional ops on PIL images, as the official code does
     on CIFAR's PIL images, and matches it bit for bit (about 0.5 ms per 32x32 image), with one
     deliberate exception: ops with identity parameters are skipped, so client 13 of the pool is the
-    identity the spec describes. The official code still runs PIL's 8-bit HSV round trip at hue 0,
-    which moves about a third of the pixels by 0.5 grey levels on average (max 6).
+    identity (gamma 1, hue 0, saturation 1, App. F.2.1). The official code still runs PIL's 8-bit HSV
+    round trip at hue 0, which moves about a third of the pixels by 0.5 grey levels on average (max 6).
     "tensor" runs the same ops batched on uint8 tensors (any device); PIL quantises hue to 8 bits, so
     the two differ by about one grey level on average and more on near-grey pixels.
     """
@@ -118,16 +118,16 @@ def feddrm_color(x: Tensor, client: int, num_clients: int, level: str = "auto", 
 
 
 # --------------------------------------------------------------------------------------------------
-# CIFAR10-S / CIFAR100-S (seed-003 §5.3, §8 #13)
+# CIFAR10-S / CIFAR100-S (pFedFDA, Sec. 5.1, App. C.1.1)
 # --------------------------------------------------------------------------------------------------
 
 # The official client_base.py order: client i gets CORRUPTIONS[i % 10].
 CORRUPTIONS = ("motion_blur", "defocus_blur", "gaussian_noise", "shot_noise", "impulse_noise",
                "frost", "fog", "jpeg_compression", "brightness", "contrast")
 CORRUPTED_CLIENTS = 50  # clients 0..49 are corrupted, 50.. stay clean (the paper's 100-client setup)
-CIFAR_S_DEFAULT_MODE = "code"  # reproduces the anchors (spec §8 #13)
+CIFAR_S_DEFAULT_MODE = "code"  # the official code's assignment; "unique" follows the paper's wording
 
-# Severity 1..5 parameters of make_cifar_c.py (CIFAR scale), spec §5.3.
+# Severity 1..5 parameters of make_cifar_c.py (CIFAR scale), as the official pFedFDA code uses them.
 GAUSSIAN_NOISE = (0.04, 0.06, 0.08, 0.09, 0.10)
 SHOT_NOISE = (500, 250, 100, 75, 50)
 IMPULSE_NOISE = (0.01, 0.02, 0.03, 0.05, 0.07)
@@ -148,7 +148,8 @@ def cifar_s_assignment(client: int, num_clients: int, mode: str = CIFAR_S_DEFAUL
     "code" (default): CORRUPTIONS[i % 10] at severity i % 5 + 1, as the official code does. Since
     i % 5 is a function of i % 10, there are only 10 distinct pairs, each on 5 clients.
     "unique": CORRUPTIONS[i % 10] at severity i // 10 + 1, the 50 distinct pairs of the paper's wording
-    (the spec's inferred reading). Clients >= num_corrupted (50 in the paper) stay clean in both modes.
+    (our reading of Sec. 5.1; the paper gives no mapping). Clients >= num_corrupted (50 in the paper) stay
+    clean in both modes.
     """
     _check_client(client, num_clients)
     if mode not in ("code", "unique"):

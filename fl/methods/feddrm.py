@@ -1,14 +1,16 @@
 """FedDRM (Wang et al., "Beyond Aggregation: Guiding Clients in Heterogeneous Federated Learning", 2025):
 a shared backbone with two heads, trained on the negative profile empirical likelihood of a density ratio
-model, which is two cross-entropies (spec seed-000 §2.3, Thm 2.2):
+model, which is two cross-entropies (FedDRM, Sec. 2.3, Thm. 2.2 and Eq. 7):
 
-    client i:  lam * CE(target head_i(g(x)), y) + (1 - lam) * CE(client head(h(x)), i)     (spec §2.4)
-    server:    n_i-weighted average of everything except the private target head            (spec §2.6)
-    inference: a query goes to the client with the highest client score, whose model predicts (§2.8)
+    client i:  lam * CE(target head_i(g(x)), y) + (1 - lam) * CE(client head(h(x)), i)  (Sec. 2.4; Alg. 1, line 9)
+    server:    n_i-weighted average of everything except the private target head         (Algorithm 1, line 17)
+    inference: a query goes to the client with the highest client score, whose model predicts
+               (Remark 2.4, Sec. 3.2)
 
-Network (spec §2.6): f = backbone(x); target branch g = ReLU(LN(Linear(f))) -> `head` (private: the
-client-specific target head (alpha_i, beta_i)); client branch h = ReLU(LN(Linear(f))) -> `client_head`
-(gamma, xi), shared by all clients, m outputs. The two projections are parallel on f and shared.
+Network (Fig. 2 and Sec. 3.1; LayerNorm and ReLU as in the official code): f = backbone(x); target branch
+g = ReLU(LN(Linear(f))) -> `head` (private: the client-specific target head (alpha_i, beta_i)); client branch
+h = ReLU(LN(Linear(f))) -> `client_head` (gamma, xi), shared by all clients, m outputs. The two projections
+are parallel on f and shared.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ class FedDRMConfig(MethodConfig):
                          help="posterior: argmax of the client logits (paper text); density_ratio: argmax of "
                          "logits - log(n_i/N), the prior-free density ratio (official camera-ready code)")
     proj_dim: int = param(256, ge=0, help="width of the two projections Linear+LayerNorm+ReLU between the "
-                          "backbone and the heads (spec: 512 -> 256); 0 = both heads on the backbone features")
+                          "backbone and the heads (the paper's Sec. 3.1: 512 -> 256); 0 = both heads on the "
+                          "backbone features")
 
 
 def projection(d: int, p: int) -> nn.Module:
@@ -72,7 +75,7 @@ class FedDRMNet(nn.Module):
 
 def feddrm_loss(target_logits: Tensor, client_logits: Tensor, y: Tensor, cid: int, lam: float):
     """(loss, target CE, client CE): every sample on client `cid` has client label `cid`; both CEs are
-    batch means (spec §2.4: lambda weighs the TARGET loss)."""
+    batch means (Sec. 2.4; Algorithm 1, line 9: lambda weighs the TARGET loss)."""
     ce_target = F.cross_entropy(target_logits, y)
     ce_client = F.cross_entropy(client_logits, torch.full_like(y, cid))
     return lam * ce_target + (1.0 - lam) * ce_client, ce_target, ce_client
@@ -87,8 +90,9 @@ def log_size_prior(train_sizes) -> Tensor:
 
 def route_scores(client_logits: Tensor, log_prior: Tensor, rule: str) -> Tensor:
     """Routing scores: posterior = the client logits (argmax P(client | x), prior n_i/N included);
-    density_ratio = logits - log(n_i/N), i.e. dP_X^(i)/dP_X^(0)(x) up to a common factor (spec §2.8).
-    The prior is subtracted from the logits, never from probabilities (spec §9.1)."""
+    density_ratio = logits - log(n_i/N), i.e. dP_X^(i)/dP_X^(0)(x) of Eq. 4 up to a common factor (the official
+    camera-ready code's rule). The prior is subtracted from the logits, never from probabilities (log space,
+    numerically stable)."""
     if rule == "posterior":
         return client_logits
     if rule == "density_ratio":
@@ -97,9 +101,9 @@ def route_scores(client_logits: Tensor, log_prior: Tensor, rule: str) -> Tensor:
 
 
 def el_log_weights(client_logits: Tensor) -> Tensor:
-    """Diagnostic (spec §2.3): log of the empirical-likelihood weights p_ij of the pooled samples, from the
-    learned client logits z_ij (whose intercepts absorb log n_l): log p_ij = -logsumexp_l z_ijl + c, with c
-    such that sum p_ij = 1. Float64, log-sum-exp throughout."""
+    """Diagnostic (Sec. 2.3: p_ij of Eq. 6 with rho_l = n_l/N, Thm. 2.2): log of the empirical-likelihood
+    weights p_ij of the pooled samples, from the learned client logits z_ij (whose intercepts absorb log n_l):
+    log p_ij = -logsumexp_l z_ijl + c, with c such that sum p_ij = 1. Float64, log-sum-exp throughout."""
     lp = -torch.logsumexp(client_logits.to(torch.float64), dim=1)
     return lp - torch.logsumexp(lp, dim=0)
 

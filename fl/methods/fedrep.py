@@ -4,7 +4,7 @@ a shared representation (the backbone, averaged by the server) and a private lin
 Local schedule (the paper's Algorithm 1): first the head is trained with the representation frozen, then
 the representation with the (new) head frozen. Here the first `head_steps` optimizer steps of a round
 train the head only and the remaining steps (trainer.local_steps or local_epochs) train the body only;
-FedDRM's FedRep baseline uses 5 head steps then 5 body steps (spec seed-000, appendix).
+FedDRM's FedRep baseline uses 5 head steps then 5 body steps (the official FedDRM code).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The models FedMosaic's experiments use (spec 002 §4.2, §5.2, §8), every one `head(backbone(x))`:
+"""The models FedMosaic's experiments use (Sec. 8, Table 4; where the paper names no model, those of the
+FedBN and FedCT code), every one `head(backbone(x))`:
 
 alexnet_bn  FedBN's AlexNet with BatchNorm for Office-Caltech10 / DomainNet at 256x256 (about 57M
             parameters; needs inputs of at least 64 px, so the synthetic twins use the small cnn)

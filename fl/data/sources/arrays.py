@@ -2,7 +2,7 @@
 
 Keys: x, y (required); domain; x_test, y_test, domain_test; class_names, domain_names; mean, std.
 x is either uint8 images, [N, H, W], [N, C, H, W] or [N, H, W, C] with C in {1, 3} (stored as NCHW
-and normalised with mean/std, default 0.5 per channel, i.e. to [-1, 1] as the specs do), or float
+and normalised with mean/std, default 0.5 per channel, i.e. to [-1, 1] as FedMosaic and pFedFDA do), or float
 features of any shape [N, ...], used as they are. This is also the route for data no other loader
 reads, e.g. LEAF's FEMNIST with writer ids saved as `domain`.
 """

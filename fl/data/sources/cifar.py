@@ -5,9 +5,9 @@ against the official md5 sums on each load, which refuses any re-packed copy (an
 and costs a second per load. Downloading still goes through torchvision (data.download=true), which
 checks the archive's md5 once.
 
-CIFAR-20 is CIFAR-100 with the 20 coarse superclass labels as y (FedDRM, spec 000 §5). The pickle's
+CIFAR-20 is CIFAR-100 with the 20 coarse superclass labels as y (FedDRM, Sec. 3.1). The pickle's
 coarse_labels are the standard CIFAR100_FINE_TO_COARSE mapping of the fine labels. FedDRM partitions
-CIFAR-20 on the *fine* labels (spec 000 §5 and §8 item 7): the partition code gets them from
+CIFAR-20 on the *fine* labels (official code; the paper does not say): the partition code gets them from
 `cifar100_fine_labels(d)`, aligned sample for sample with the pool's train and test splits.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ from fl.core.registry import register_dataset
 from fl.data.base import DataError, Pool
 from fl.data.sources.domains import check_no_variant
 
-# Normalize(0.5, 0.5) -> [-1, 1]: FedDRM (spec 000 §5), FedMosaic (spec 002 §8), pFedFDA (spec 003 §4);
-# FedACD (spec 004) only says "per-channel normalisation".
+# Normalize(0.5, 0.5) -> [-1, 1]: FedDRM (official code), FedMosaic (Sec. 8), pFedFDA (Sec. 5.1);
+# FedACD gives no preprocessing.
 MEAN = STD = (0.5, 0.5, 0.5)
 NATIVE_SIZE = 32
 OBTAIN = "set data.download=true to fetch it with torchvision"

@@ -6,7 +6,7 @@ is read (DomainNet has 345 class folders; FedBN and FedMosaic use 10 of them).
 
 Train/test split, per domain, in this order of preference:
   1. FedBN's split pickles <folder>/<domain>_train.pkl and <domain>_test.pkl, each a pickled
-     (paths, text_labels) pair (spec 002 §5.2: "use the domain train/test pickles");
+     (paths, text_labels) pair (FedMosaic, Sec. 8, uses FedBN's DomainNet classes; we take FedBN's split too);
   2. list files <folder>/<domain>_train.txt and <domain>_test.txt, one "<path> [label]" per line, as
      DomainNet ships them (labels there index all 345 classes, so the class is read from the path);
   3. otherwise a stratified split of each class folder drawn with a fixed seed (not the run seed: the
@@ -130,8 +130,8 @@ class DomainDataset:
                 f"{', '.join(self.classes)} (optional split files <domain>_train.pkl|txt, <domain>_test.pkl|txt)")
 
 
-# The 10 DomainNet classes of FedBN, used by FedMosaic (spec 002 §5.2; folder names use underscores).
-# 256x256 inputs and no normalisation: FedBN's ToTensor-only pipeline (spec 002 §8 and "Augmentation").
+# The 10 DomainNet classes of FedBN, used by FedMosaic (Sec. 8; folder names use underscores).
+# 256x256 inputs (Sec. 8) and no normalisation: FedBN's ToTensor-only pipeline (the paper names none).
 # At 256 px the 10-class subset is a few GB of uint8; set data.image_size lower for small machines.
 # Without split files, 30% of each class is test, close to DomainNet's own train/test ratio.
 DOMAINNET = DomainDataset(
@@ -141,7 +141,7 @@ DOMAINNET = DomainDataset(
     "download the domain zips from https://ai.bu.edu/M3SDA/ and unzip them there "
     "(FedBN's split pickles from https://github.com/med-air/FedBN go beside them)")
 
-# Office-Caltech10 as FedBN/FedMosaic use it: same 256x256, no normalisation (spec 002 §8).
+# Office-Caltech10 as FedBN/FedMosaic use it: same 256x256 (Sec. 8), no normalisation (FedBN's pipeline).
 OFFICE_CALTECH10 = DomainDataset(
     "office_caltech10", "office_caltech10", ("amazon", "caltech", "dslr", "webcam"),
     ("back_pack", "bike", "calculator", "headphones", "keyboard", "laptop_computer", "monitor", "mouse", "mug",
@@ -150,7 +150,8 @@ OFFICE_CALTECH10 = DomainDataset(
     "get FedBN's office_caltech_10_dataset.zip (linked from https://github.com/med-air/FedBN) and unzip it "
     "there, renaming office_caltech_10 to office_caltech10")
 
-# PACS for FedPALS: 224x224 with ImageNet statistics, the Bai et al./WILDS convention (spec 001 §5.3).
+# PACS for FedPALS (Sec. 5, App. A.3; an ImageNet-pretrained ResNet-50): 224x224 with ImageNet statistics,
+# the Bai et al./WILDS convention (the paper states no preprocessing).
 PACS = DomainDataset(
     "pacs", "pacs", ("art_painting", "cartoon", "photo", "sketch"),
     ("dog", "elephant", "giraffe", "guitar", "horse", "house", "person"),
@@ -214,7 +215,7 @@ def _domain_entries(spec: DomainDataset, base: Path, domain: str, dom_id: int) -
         raise DataError(base / domain, spec.layout(base), spec.obtain)
     found = {}
     for split in ("train", "test"):
-        for ext in (".pkl", ".txt"):  # FedBN's pickles first: they are the split the specs use
+        for ext in (".pkl", ".txt"):  # FedBN's pickles first: FedBN's own split
             if (base / f"{domain}_{split}{ext}").is_file():
                 found[split] = base / f"{domain}_{split}{ext}"
                 break

@@ -1,10 +1,10 @@
 """Fashion-MNIST and EMNIST through torchvision, from its raw idx layout.
 
 torchvision's FashionMNIST and EMNIST only check that the raw files exist (no md5 on load), so their
-classes are used as they are. Images stay single-channel uint8 [N, 1, 28, 28], as the specs' MNIST
-networks expect (spec 001 §4: 1x28x28 F-MNIST; spec 003 §5.1: 28x28 grayscale EMNIST).
+classes are used as they are. Images stay single-channel uint8 [N, 1, 28, 28], as the papers' MNIST
+networks expect (FedMosaic, Sec. 8: grayscale 28x28 FashionMNIST; pFedFDA, App. C.1: 28x28 grayscale EMNIST).
 
-EMNIST's default split is "byclass", the 62 classes pFedFDA uses (spec 003 §5.1). pFedFDA's FEMNIST is
+EMNIST's default split is "byclass", the 62 classes pFedFDA uses (Sec. 5.1). pFedFDA's FEMNIST is
 partitioned by writer, which torchvision's EMNIST files do not record: that needs LEAF's FEMNIST,
 e.g. converted to the `arrays` format. EMNIST stores images transposed; they are turned upright here.
 "letters" labels are shifted from 1..26 to 0..25 (torchvision keeps an empty class "N/A" at 0).
@@ -22,7 +22,7 @@ from fl.core.registry import register_dataset
 from fl.data.base import DataError, Pool
 from fl.data.sources.domains import check_no_variant
 
-MEAN, STD = (0.5,), (0.5,)  # Normalize(0.5, 0.5) -> [-1, 1]: specs 002 §8 (FMNIST) and 003 §4 (EMNIST)
+MEAN, STD = (0.5,), (0.5,)  # Normalize(0.5, 0.5) -> [-1, 1]: FedMosaic Sec. 8 (FMNIST), pFedFDA Sec. 5.1
 NATIVE_SIZE = 28
 EMNIST_SPLITS = ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
 DEFAULT_EMNIST_SPLIT = "byclass"

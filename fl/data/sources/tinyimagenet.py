@@ -2,8 +2,9 @@
 
 Layout under <root>/tiny-imagenet-200/: wnids.txt (the 200 class ids), train/<wnid>/images/*.JPEG and
 val/images/*.JPEG labelled by val/val_annotations.txt ("<file>\\t<wnid>\\t<box>"). The unlabelled test/
-folder is not used. pFedFDA (spec 003 §5.1) pools train and val before partitioning and FedACD (spec 004)
-tests on val: both are a choice of the partition code, so the pool keeps them apart.
+folder is not used. pFedFDA (official code; App. C.1 counts 120,000 images) pools train and val before
+partitioning and FedACD (Sec. 4.1: 100k samples) tests on val: both are a choice of the partition code,
+so the pool keeps them apart.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from fl.data.base import DataError, Pool
 from fl.data.sources.domains import Entry, cached_images, check_no_variant, list_images
 
 FOLDER = "tiny-imagenet-200"
-DEFAULT_SIZE = 64  # native resolution (specs 003 §5.1, 004 "Datasets")
-MEAN = STD = (0.5, 0.5, 0.5)  # [-1, 1] as pFedFDA normalises every dataset (spec 003 §4); FedACD gives none
+DEFAULT_SIZE = 64  # native resolution (pFedFDA, App. C.1; FedACD gives no size)
+MEAN = STD = (0.5, 0.5, 0.5)  # [-1, 1] as pFedFDA normalises every dataset (Sec. 5.1); FedACD gives none
 OBTAIN = "download http://cs231n.stanford.edu/tiny-imagenet-200.zip and unzip it into data.root"
 
 

@@ -8,17 +8,19 @@ minimises  L = L1 + lam * L2  (Eq. 9):
     L2 = CE(f(x) + A[y], y), A = log P - log P^T detached (Eq. 8): pushes P towards symmetry;
          columns of classes the client lacks get log(missing_delta)
 on input mixup x~ = mu x_a + (1 - mu) x_b, mu ~ Beta(alpha, alpha), the loss mu-weighted over y_a and y_b
-and P accumulated the same way (spec 2.7). It uploads its weights and V = sigmoid(1 / KL(P || Q))
-(Eq. 10, Q = tau on the diagonal); the server averages with weights V_m / sum_k V_k over the round's
-clients (Eq. 11). `method.aggregation=uniform` (or `method.name=fedacd_base`) is FedACD_base.
+and P accumulated the same way (Input Mixup: Sec. 3 after Eq. 9, and Table 5; the paper gives neither alpha
+nor how mixed labels enter the losses and P, so these are our choices). It uploads its weights and
+V = sigmoid(1 / KL(P || Q)) (Eq. 10, Q = tau on the diagonal); the server averages with weights
+V_m / sum_k V_k over the round's clients (Eq. 11). `method.aggregation=uniform` (or
+`method.name=fedacd_base`) is FedACD_base.
 
-When P is estimated (the paper does not say; spec 2.8), `method.p_update`:
+When P is estimated (the paper does not say), `method.p_update`:
     prev_epoch  P is fixed during a local epoch; the epoch's (mixup-weighted) training outputs give the
                 next epoch's P; before the first epoch P comes from `method.p_init`
     running     P is the running mean over every training output of the round so far (the initial P
                 counts as one pass over the data), updated with each batch before its loss
     batch       the current batch's outputs (classes absent from the batch keep their previous row)
-`method.p_init`: global_pass = a clean pass of the received global model over the local data (spec);
+`method.p_init`: global_pass = a clean pass of the received global model over the local data (default);
 stored = the client's P from its last round, kept in the state store (a clean pass on the first visit).
 V uses a clean eval-mode pass of the final local model (`method.p_for_score=clean_pass`) or the P the
 training accumulated (`train`). The P behind V is what the client keeps (`kept_P`, a persistent attribute).

@@ -96,7 +96,7 @@ def resolve(cfg) -> None:
 class CoTrainingClient(ClientModule):
     """Local steps on l_priv + lambda * l_pseudo; uploads hard labels and confidences on U."""
 
-    keep_optimizer_state = True  # Adam's moments persist across communication periods (spec §9 pitfall 8)
+    keep_optimizer_state = True  # Adam's moments persist across communications (Algorithm 1, line 14 only replaces P)
     has_global_model = False
 
     def __init__(self, cfg, data):

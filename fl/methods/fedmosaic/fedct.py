@@ -1,4 +1,4 @@
-"""FedCT (Abourayya et al., federated co-training), FedMosaic's baseline (spec 002 §6): the same protocol
+"""FedCT (Abourayya et al., federated co-training), FedMosaic's baseline (Sec. 4, Tables 2-4): the same protocol
 on the public set U without either FedMosaic mechanism. Clients send hard predictions on U; the server
 takes the majority vote (ties to the lowest class); each client minimizes l_priv + l_pseudo (lambda = 1).
 

@@ -1,4 +1,4 @@
-"""FedMosaic's math (spec 002 §2.3-2.6), as pure functions: the adaptive weight lambda, the client loss,
+"""FedMosaic's math (Sec. 3 and Algorithm 1), as pure functions: the adaptive weight lambda, the client loss,
 the confidence scores E (variants W and U), DP noise on E, the server's confidence-weighted vote and
 the check of what a client may send.
 """
@@ -43,7 +43,8 @@ def class_frequencies(labels: Tensor, num_classes: int) -> Tensor:
 
 def confidence_w(preds: Tensor, freq: Tensor, eps: float = 1e-6) -> Tensor:
     """Variant W: the relative frequency of the predicted class in the local training data, floored at eps
-    so classes the client never saw still break ties by majority (spec §2.5)."""
+    so classes the client never saw still break ties by majority (Sec. 3 and Algorithm 1, line 12 require
+    E > 0 but give no rule for a predicted class absent from the local data)."""
     return freq.to(preds.device)[preds.long()].clamp_min(eps).float()
 
 
@@ -66,8 +67,9 @@ def confidence_u(probs: Tensor, score: str = "norm_neg_entropy", eps: float = 1e
 
 def dp_noise(conf: Tensor, sigma: float, gen: torch.Generator, mechanism: str = "gaussian", clip: float = 1.0,
              eps: float = 1e-6) -> Tensor:
-    """DP-FedMosaic: clip E to [0, clip], add independent noise per entry, floor at eps (spec §2.6). Only E
-    is perturbed; the hard labels are sent as they are. sigma = 0 returns E unchanged."""
+    """DP-FedMosaic (Sec. 3, "Privacy considerations": "calibrated noise is added to the expertise scores";
+    the paper gives no mechanism or noise scale): clip E to [0, clip], add independent noise per entry, floor
+    at eps. Only E is perturbed; the hard labels are sent as they are. sigma = 0 returns E unchanged."""
     if sigma == 0:
         return conf
     c = conf.double().cpu().clamp(0.0, clip)

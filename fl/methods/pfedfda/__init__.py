@@ -98,7 +98,7 @@ class PFedFDAClient(ClientModule):
     # ---- local training: the backbone learns through a frozen head of global statistics ------------
     def on_local_train_start(self) -> None:
         self.log_prior = _log_prior(self, self.cid).to(self.dev)
-        self.set_head(*self.glob, self.log_prior)  # built once per round (spec §2.3)
+        self.set_head(*self.glob, self.log_prior)  # fixed for the round (Sec. 4.2; Algorithm 1, line 7)
         self.bank, self.last_pass = [], []
 
     def training_step(self, batch, batch_idx):
@@ -158,7 +158,8 @@ class PFedFDAServer(Server):
     def setup(self, module: PFedFDAClient, data) -> None:
         super().setup(module, data)
         C, d, device = data.num_classes, module.model.feature_dim, module.dev
-        # spec §2.7: mu_g ~ U[0, 1)^{C x d}, Sigma_g = I
+        # Algorithm 1, line 2 ("random spherical Gaussians"), as the official code draws them:
+        # mu_g ~ U[0, 1)^{C x d}, Sigma_g = I
         gen = generator(self.cfg.seed, 0, -1, "pfedfda/init_means")
         self.mu = torch.rand(C, d, generator=gen, dtype=torch.float64).to(device)
         self.cov = torch.eye(d, dtype=torch.float64, device=device)

@@ -1,7 +1,8 @@
 """pFedFDA's statistics: the Gaussian (LDA) head, local estimates, their interpolation and the choice of beta.
 
-Everything here runs in float64, outside autocast (spec §9 pitfall 2); callers cast W, b to the model's dtype
-only when writing the head. Equation numbers are the paper's (McLaughlin & Su, NeurIPS 2024).
+Everything here runs in float64, outside autocast (with n_i << d the covariances are nearly singular, and
+low-precision solves are unreliable); callers cast W, b to the model's dtype only when writing the head.
+Equation numbers are the paper's (McLaughlin & Su, NeurIPS 2024).
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def nearest_pd_clipped(cov: Tensor, threshold: float = 1e-15, std_floor: float =
     """The nearest positive (semi)definite matrix with the same variances (statsmodels' cov_nearest, method
     'clipped'): clip the eigenvalues of the correlation matrix at `threshold`, rescale it to unit diagonal
     and turn it back into a covariance. A matrix with no eigenvalue below the threshold comes back unchanged.
-    `std_floor` guards dead features (zero variance) against 0/0 (spec §9 pitfall 3)."""
+    `std_floor` guards dead features (zero variance, e.g. post-ReLU units that never fire on a small client)
+    against 0/0; the official code's +I hides that case."""
     cov = (cov + cov.T) / 2
     std = torch.diagonal(cov).clamp_min(0).sqrt().clamp_min(std_floor)
     corr = cov / std[:, None] / std[None, :]
@@ -60,7 +62,7 @@ def nearest_pd_clipped(cov: Tensor, threshold: float = 1e-15, std_floor: float =
 
 
 def regularise(cov: Tensor, mode: str, eps: float = 1e-4) -> Tensor:
-    """Covariance regularisation for low-sample estimates (paper §4.3 vs the official code, spec §8 #2).
+    """Covariance regularisation for low-sample estimates (Sec. 4.3 vs the official code).
     code:  Sigma + eps (every entry) + I, then the nearest PD matrix (a no-op: +I already makes it PD)
     paper: Sigma + eps I, then the nearest PD matrix with identical variances"""
     d = cov.shape[0]
