@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fl.config import MethodConfig, param
-from fl.core import ClientModule, Server, Upload, generator, register_method
+from fl.core import HEAD, ClientModule, Server, Upload, generator, register_method
 from fl.methods.pfedfda.stats import estimate, interpolate, lda_head, priors, solve_beta
 
 
@@ -72,7 +72,7 @@ class PFedFDAClient(ClientModule):
         return self.model.head.weight.device
 
     def is_private(self, key: str) -> bool:
-        return key.startswith("model.head.")  # rebuilt from statistics before every use; never averaged
+        return key.startswith(HEAD)  # rebuilt from statistics before every use; never averaged
 
     # ---- communication and state ----------------------------------------------------------------
     def receive(self, payload: dict[str, Any]) -> None:
