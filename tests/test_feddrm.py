@@ -1,16 +1,15 @@
 """FedDRM (spec seed-000 §9.2): the dual identity, Gaussian density-ratio recovery by the client head, routing
-rules, loss composition, the private head staying on the client; FedRep's head-then-body schedule."""
+rules, loss composition, the private head staying on the client. (Its FedRep baseline: test_split_models.py.)"""
 import math
 
 import pytest
 import torch
 from torch import nn
 
-from fl.config import ConfigError, load_config
+from fl.config import load_config
 from fl.core.loop import payload_bytes
 from fl.data import build_data
 from fl.methods.feddrm import FedDRMClient, FedDRMNet, el_log_weights, feddrm_loss, log_size_prior, route_scores
-from fl.methods.fedrep import FedRepClient
 from fl.run.train import main
 from tests.conftest import read_metrics, tiny
 
@@ -141,23 +140,6 @@ def test_private_head_never_leaves_the_client(out):
     # what went up is exactly the shared parameters of each client, the head excluded
     assert rows[-1]["comm/bytes_up"] == 6 * payload_bytes(shared)
     assert {"client/0/ce_target", "client/0/ce_client", "test/system_acc", "test/routing_acc"} <= set(rows[-1])
-
-
-def test_fedrep_trains_the_head_then_the_body(out):
-    cfg = load_config(tiny(out, "method.name=fedrep", "method.head_steps=2", "trainer.local_steps=4"))
-    data = build_data(cfg)
-    module = FedRepClient(cfg, data)
-    x, y = data.prepare(data.clients[0].train.x[:8]), data.clients[0].train.y[:8]
-    for step, trained in ((0, "head"), (1, "head"), (2, "body"), (3, "body")):
-        module.zero_grad(set_to_none=True)
-        module.training_step((x, y), step).backward()
-        head = [p.grad for p in module.model.head.parameters()]
-        body = [p.grad for p in module.model.backbone.parameters()]
-        assert all(gr is not None for gr in (head if trained == "head" else body)), step
-        assert all(gr is None for gr in (body if trained == "head" else head)), step
-    assert set(module.private_state()) == {"model.head.weight", "model.head.bias"}
-    with pytest.raises(ConfigError, match="method.head_steps=10 must be < trainer.local_steps=10"):
-        load_config(["method.name=fedrep", "method.head_steps=10", "trainer.local_steps=10"])
 
 
 def test_real_config_runs_on_fabricated_cifar10_and_names_its_twin_without_data(out, capsys):

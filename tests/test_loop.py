@@ -1,5 +1,6 @@
-"""End-to-end runs of the FedAvg family: hand computation, equalities between methods and code paths,
-faults, Ctrl-C, kill-and-resume, and 1-vs-2 processes."""
+"""The round loop (fl/core/loop.py) in end-to-end runs of the FedAvg family: hand computation, equalities
+between methods and code paths, faults, Ctrl-C, kill-and-resume, 1-vs-2 processes, per-client optimizer
+state, and W&B's offline default."""
 import json
 import os
 import signal

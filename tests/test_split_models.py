@@ -1,5 +1,7 @@
-"""FedBN, FedBABU, LG-FedAvg, FedRoD and FedPAC (fl/methods/): each method's defining property, FedPAC's QP
-(simplex, closed form, optimality) and statistics against a reference, resume and 1-vs-2 processes (FedPAC)."""
+"""Methods that keep part of one model private: FedBN (BatchNorm), FedBABU (head), LG-FedAvg (body), FedRoD
+(personal head), FedPAC (combined heads) and FedRep (head) (fl/methods/): each method's defining property,
+FedPAC's QP (simplex, closed form, optimality) and statistics against a reference, resume and 1-vs-2
+processes (FedPAC)."""
 import math
 from pathlib import Path
 
@@ -8,13 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl.config import load_config
+from fl.config import ConfigError, load_config
 from fl.core.loop import sample_clients
 from fl.data import build_data
 from fl.methods.fedbabu import FedBABUClient
 from fl.methods.fedbn import FedBNClient, batchnorm_prefixes
 from fl.methods.fedpac import FedPACServer
 from fl.methods.fedpac.qp import combination_weights
+from fl.methods.fedrep import FedRepClient
 from fl.methods.fedrod import FedRoDClient, balanced_softmax_loss
 from fl.methods.lg_fedavg import LGFedAvgClient
 from fl.run.train import main
@@ -304,6 +307,24 @@ def test_fedpac_one_and_two_processes_give_the_same_run(out):
         for k, v in hd.items():
             torch.testing.assert_close(cb["heads"][cid][k], v, rtol=0, atol=1e-5)
     torch.testing.assert_close(cb["centroid_mean"], ca["centroid_mean"], rtol=0, atol=1e-5)
+
+
+# ---- FedRep ---------------------------------------------------------------------------------------
+def test_fedrep_trains_the_head_then_the_body(out):
+    cfg = load_config(tiny(out, "method.name=fedrep", "method.head_steps=2", "trainer.local_steps=4"))
+    data = build_data(cfg)
+    module = FedRepClient(cfg, data)
+    x, y = data.prepare(data.clients[0].train.x[:8]), data.clients[0].train.y[:8]
+    for step, trained in ((0, "head"), (1, "head"), (2, "body"), (3, "body")):
+        module.zero_grad(set_to_none=True)
+        module.training_step((x, y), step).backward()
+        head = [p.grad for p in module.model.head.parameters()]
+        body = [p.grad for p in module.model.backbone.parameters()]
+        assert all(gr is not None for gr in (head if trained == "head" else body)), step
+        assert all(gr is None for gr in (body if trained == "head" else head)), step
+    assert set(module.private_state()) == {"model.head.weight", "model.head.bias"}
+    with pytest.raises(ConfigError, match="method.head_steps=10 must be < trainer.local_steps=10"):
+        load_config(["method.name=fedrep", "method.head_steps=10", "trainer.local_steps=10"])
 
 
 # ---- configs --------------------------------------------------------------------------------------

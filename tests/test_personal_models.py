@@ -1,5 +1,6 @@
-"""Ditto, APFL, pFedMe, Per-FedAvg and FedPHP (fl/methods/{ditto,apfl,pfedme,perfedavg,fedphp}.py): each
-method's defining property, checkpoint/resume of their per-client state, and 1-vs-2 processes."""
+"""Methods with a second, personal model beside the global one: Ditto, APFL, pFedMe, Per-FedAvg and FedPHP
+(fl/methods/{ditto,apfl,pfedme,perfedavg,fedphp}.py). Each method's defining property, checkpoint/resume of
+their per-client state, and 1-vs-2 processes (APFL)."""
 import os
 import signal
 
