@@ -4,7 +4,7 @@ from omegaconf import OmegaConf
 
 from fl.config import ConfigError, load_config
 from fl.run.train import main
-from tests.conftest import run_cli, tiny
+from tests.helpers import run_cli, tiny
 
 
 @pytest.mark.parametrize("arg, words", [

@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 from fl.config import load_config
-from fl.data import build_data
 from fl.methods.fedacd.losses import (
     accumulate,
     adjustment_matrix,
@@ -20,8 +19,8 @@ from fl.methods.fedacd.losses import (
 )
 from fl.metrics.adaptability import adaptability_risk, client_dist_accuracy, kl_pq, mean_label_distribution, template_q
 from fl.run.train import main
-from tests.conftest import read_metrics, run_cli, tiny
-from tests.conftest import run_tiny as run
+from tests.helpers import assert_same_rows, one_and_two_processes, orchestrator, read_metrics, run_cli, tiny
+from tests.helpers import run_tiny as run
 
 
 def l1_direct(p: torch.Tensor, y: torch.Tensor, detach_q: bool = False) -> torch.Tensor:
@@ -219,18 +218,14 @@ def test_client_distribution_accuracy_is_pi_bar_weighted_and_equals_resampled_te
 def test_server_averages_uploads_with_v_weights(out):
     """One round driven by hand: the uploads of the sampled clients, averaged with V_m / sum V_k, are the
     new global model; uniform aggregation (FedACD_base) gives the plain mean of the same uploads."""
-    from fl.core.loop import Orchestrator, sample_clients
-    from fl.core.registry import METHODS
-    from fl.run.train import make_fabric
+    from fl.core.loop import sample_clients
 
     for aggregation in ("v", "uniform"):
         cfg = load_config(tiny(out, "method.name=fedacd", f"method.aggregation={aggregation}", "trainer.rounds=1",
                                "model.norm=batch", "trainer.local_epochs=2"))
         torch.set_num_threads(1)
-        data = build_data(cfg)
-        server = METHODS["fedacd"].server_cls(cfg)
-        fabric = make_fabric(cfg, [server], [])
-        orch = Orchestrator(cfg, fabric, data, server, out / f"run-{aggregation}")
+        orch = orchestrator(cfg, out / f"run-{aggregation}")
+        data, server = orch.data, orch.server
         clients = sample_clients(cfg.seed, 0, data.num_clients, cfg.trainer.participation)
         uploads = {cid: orch.train_client(0, cid)[0] for cid in clients}
         V = {cid: u.message["V"] for cid, u in uploads.items()}
@@ -284,18 +279,11 @@ def test_every_method_reports_the_diagnostics(out, method):
 
 
 def test_one_and_two_processes_agree(out):
-    common = tiny(out, "method.name=fedacd", "trainer.rounds=2", "fabric.cpu_threads=1",
-                  "evaluators.adaptability.every=1",
-                  "data.num_clients=7", "model.norm=batch")
-    one = run_cli(common + ["logger.run_name=one"], cwd=out)
-    two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)
-    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
-    a, b = read_metrics(out / "outputs" / "one"), read_metrics(out / "outputs" / "two")
-    assert [r.keys() for r in a] == [r.keys() for r in b]
+    one, two = one_and_two_processes(out, "method.name=fedacd", "trainer.rounds=2", "evaluators.adaptability.every=1",
+                                     "data.num_clients=7", "model.norm=batch")
+    a, b = read_metrics(one), read_metrics(two)
     assert all("test/adaptability" in r and "test/global_acc" in r for r in a)
-    for ra, rb in zip(a, b):
-        for k in ra:
-            assert ra[k] == pytest.approx(rb[k], abs=1e-6), k
+    assert_same_rows(a, b, abs=1e-6)
 
 
 def test_bad_fedacd_options_are_config_errors(out):
@@ -323,16 +311,11 @@ def test_tinyimagenet_config_runs_on_fabricated_files(out):
 def test_training_step_loss_by_hand(out, p_update):
     """Without mixup, one training step's loss is L1 + lam * L2 with A from this batch's per-class mean
     probabilities (batch) or from the clean pass of the received model (prev_epoch, first epoch)."""
-    from fl.core.loop import Orchestrator
-    from fl.core.registry import METHODS
-    from fl.run.train import make_fabric
-
     cfg = load_config(tiny(out, "method.name=fedacd", "method.mixup=false", f"method.p_update={p_update}",
                            "method.lam=0.7", "method.missing_delta=0.01"))
     torch.set_num_threads(1)
-    data = build_data(cfg)
-    server = METHODS["fedacd"].server_cls(cfg)
-    orch = Orchestrator(cfg, make_fabric(cfg, [server], []), data, server, out / "run")
+    orch = orchestrator(cfg, out / "run")
+    data = orch.data
     m = orch.load_client(0, 1)
     m.train()
     m.on_local_train_start()

@@ -11,7 +11,7 @@ from fl.core.loop import payload_bytes
 from fl.data import build_data
 from fl.methods.feddrm import FedDRMClient, FedDRMNet, el_log_weights, feddrm_loss, log_size_prior, route_scores
 from fl.run.train import main
-from tests.conftest import read_metrics, tiny
+from tests.helpers import load_ckpt, read_metrics, tiny
 
 
 def test_dual_identity_two_cross_entropies_equal_the_profile_el():
@@ -130,7 +130,7 @@ def test_private_head_never_leaves_the_client(out):
     assert main(tiny(out, "method.name=feddrm", "method.proj_dim=8", "trainer.participation=1.0",
                      "trainer.rounds=2", "logger.run_name=drm")) == 0
     run_dir = out / "outputs" / "drm"
-    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt")
+    ckpt = load_ckpt(run_dir)
     shared = ckpt["server"]["global_params"]
     assert not any(k.startswith("model.head.") for k in shared)
     assert {"model.client_head.weight", "model.target_proj.0.weight", "model.client_proj.0.weight"} <= set(shared)

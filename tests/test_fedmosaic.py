@@ -24,7 +24,9 @@ from fl.methods.fedmosaic.vote import (
     vote_scores,
 )
 from fl.run.train import main
-from tests.conftest import read_metrics, run_cli, tiny
+from tests.helpers import load_ckpt as ckpt
+from tests.helpers import one_and_two_processes, read_metrics, run_tiny, tiny
+from tests.helpers import same_private_states as same_clients
 
 # 6 clients x 3 rounds x 3 local steps, a public set of 40: seconds per run
 MOSAIC = ["method.name=fedmosaic", "data.public_size=40", "trainer.local_steps=3", "trainer.participation=1.0",
@@ -32,17 +34,7 @@ MOSAIC = ["method.name=fedmosaic", "data.public_size=40", "trainer.local_steps=3
 
 
 def run(out: Path, *extra: str, name: str) -> Path:
-    assert main(tiny(out, *MOSAIC, f"logger.run_name={name}", *extra)) == 0
-    return out / "outputs" / name
-
-
-def ckpt(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
-
-
-def same_clients(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[c]["private"][k], b[c]["private"][k])
-                                        for c in a for k in a[c]["private"])
+    return run_tiny(out, *MOSAIC, *extra, name=name, threads=None)
 
 
 # ---- lambda ----------------------------------------------------------------------------------------
@@ -264,14 +256,11 @@ def test_resume_continues_the_same_run(out, extra):
 
 
 def test_one_and_two_processes_give_the_same_pseudo_labels(out):
-    common = tiny(out, *MOSAIC, "trainer.rounds=3", "fabric.cpu_threads=1", "data.num_clients=5",
-                  "model.norm=batch", "method.tie_break=random")
-    one = run_cli(common + ["logger.run_name=one"], cwd=out)
-    two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)
-    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
-    a, b = read_metrics(out / "outputs" / "one"), read_metrics(out / "outputs" / "two")
+    one, two = one_and_two_processes(out, *MOSAIC, "trainer.rounds=3", "data.num_clients=5", "model.norm=batch",
+                                     "method.tie_break=random")
+    a, b = read_metrics(one), read_metrics(two)
     assert a == b
-    ca, cb = ckpt(out / "outputs" / "one"), ckpt(out / "outputs" / "two")
+    ca, cb = ckpt(one), ckpt(two)
     assert torch.equal(ca["server"]["pseudo"], cb["server"]["pseudo"]) and same_clients(ca["clients"], cb["clients"])
 
 

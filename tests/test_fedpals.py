@@ -7,7 +7,7 @@ import torch
 
 from fl.methods.fedpals.qp import ess, fedpals_weights, lambda_for_ess, mismatch
 from fl.run.train import main
-from tests.conftest import read_metrics
+from tests.helpers import global_params, read_metrics
 
 S2 = np.array([[0.5, 0.5, 0.0], [0.5, 0.0, 0.5]])  # the paper's synthetic clients
 N2 = np.array([40, 18])
@@ -135,7 +135,7 @@ def test_ess_fraction_one_equals_fedavg(out):
         for k in ra:
             if k.startswith("test/"):
                 assert rp[k] == pytest.approx(ra[k], abs=1e-6), k
-    gp, ga = (torch.load(out / "outputs" / d / "checkpoints" / "last.ckpt")["server"]["global_params"] for d in "pa")
+    gp, ga = (global_params(out / "outputs" / d) for d in "pa")
     for k in ga:
         torch.testing.assert_close(gp[k], ga[k], atol=1e-6, rtol=0)
 

@@ -2,7 +2,6 @@
 between methods and code paths, faults, Ctrl-C, kill-and-resume, 1-vs-2 processes, per-client optimizer
 state, and W&B's offline default."""
 import json
-import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,20 +12,27 @@ import torch.nn.functional as F
 
 from fl.config import MethodConfig, load_config
 from fl.core import ClientModule, Server, batch_indices, build_model
-from fl.core.loop import Orchestrator, sample_clients
+from fl.core.loop import sample_clients
 from fl.core.registry import register_method
 from fl.core.seeding import generator, seed_torch
 from fl.data import build_data
 from fl.run.train import main
-from tests.conftest import ROOT, read_metrics, run_cli, run_tiny, tiny
+from tests.helpers import (
+    ROOT,
+    assert_same_rows,
+    ctrl_c_at_round,
+    global_params,
+    load_ckpt,
+    one_and_two_processes,
+    read_metrics,
+    run_cli,
+    run_tiny,
+    tiny,
+)
 
 
 def run(out: Path, *extra: str, name: str) -> Path:
     return run_tiny(out, *extra, name=name, threads=None)  # torch's default threads, like a user's run
-
-
-def global_params(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt")["server"]["global_params"]
 
 
 def test_fedavg_equals_a_hand_written_loop(out):
@@ -90,7 +96,7 @@ def test_every_method_trains_the_same_sampled_clients(out):
 
 def test_local_never_communicates_and_centralized_trains_on_pooled_data(out):
     loc = run(out, "method.name=local", name="local")
-    ckpt = torch.load(loc / "checkpoints" / "last.ckpt")
+    ckpt = load_ckpt(loc)
     assert ckpt["server"]["global_params"] == {}  # nothing is shared
     states = ckpt["clients"]
     a, b = (states[c]["private"]["model.head.weight"] for c in list(states)[:2])
@@ -122,25 +128,18 @@ def test_nan_loss_stops_the_run_naming_method_client_round_and_keeps_the_checkpo
     assert code == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "method 'test_nan_at_round_2'" in err and "round 2" in err and "client " in err
-    ckpt = torch.load(out / "outputs" / "nan" / "checkpoints" / "last.ckpt")
+    ckpt = load_ckpt(out / "outputs" / "nan")
     assert ckpt["round"] == 1 and all(torch.isfinite(v).all() for v in ckpt["server"]["global_params"].values())
     assert not (out / "outputs" / "nan" / "summary.json").exists()
 
 
 def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_same_run(out, monkeypatch):
     full = run(out, "trainer.rounds=5", "trainer.checkpoint_every=10", name="full")
-    original = Orchestrator.train_client
-
-    def interrupt_at_round_3(self, rnd, cid):
-        if rnd == 3:
-            os.kill(os.getpid(), signal.SIGINT)
-        return original(self, rnd, cid)
-
-    monkeypatch.setattr(Orchestrator, "train_client", interrupt_at_round_3)
+    undo = ctrl_c_at_round(monkeypatch, 3)
     assert main(tiny(out, "trainer.rounds=5", "trainer.checkpoint_every=10", "logger.run_name=cut")) == 130
     cut = out / "outputs" / "cut"
-    assert torch.load(cut / "checkpoints" / "last.ckpt")["round"] == 2
-    monkeypatch.setattr(Orchestrator, "train_client", original)
+    assert load_ckpt(cut)["round"] == 2
+    undo()
     assert main([f"resume={cut}"]) == 0
     assert read_metrics(cut) == read_metrics(full)
 
@@ -152,7 +151,7 @@ def test_sigkill_then_resume_is_bitwise_identical(out):
                   script=(str(ROOT / "tests" / "killer.py"),))
     assert res.returncode == -signal.SIGKILL
     killed = out / "outputs" / "killed"
-    assert torch.load(killed / "checkpoints" / "last.ckpt")["round"] == 3
+    assert load_ckpt(killed)["round"] == 3
     res = run_cli([f"resume={killed}"], cwd=out)
     assert res.returncode == 0, res.stderr
     assert read_metrics(killed) == read_metrics(full)
@@ -168,17 +167,10 @@ def test_sigkill_then_resume_is_bitwise_identical(out):
 def test_one_and_two_processes_give_the_same_run(out, method, participation, norm):
     # participation 0.1 of 7 clients: one client per round, so one process trains nothing; BatchNorm adds
     # integer counters, which are reduced by maximum rather than averaged
-    common = tiny(out, f"method.name={method}", "trainer.rounds=4", "fabric.cpu_threads=1",
-                  "data.num_clients=7", f"trainer.participation={participation}", f"model.norm={norm}")
-    one = run_cli(common + ["logger.run_name=one"], cwd=out)
-    two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)
-    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
-    a, b = read_metrics(out / "outputs" / "one"), read_metrics(out / "outputs" / "two")
-    assert [r.keys() for r in a] == [r.keys() for r in b]
-    for ra, rb in zip(a, b):
-        for k in ra:
-            assert ra[k] == pytest.approx(rb[k], abs=1e-5), k
-    ca, cb = (torch.load(out / "outputs" / d / "checkpoints" / "last.ckpt") for d in ("one", "two"))
+    one, two = one_and_two_processes(out, f"method.name={method}", "trainer.rounds=4", "data.num_clients=7",
+                                     f"trainer.participation={participation}", f"model.norm={norm}")
+    assert_same_rows(read_metrics(one), read_metrics(two), abs=1e-5)
+    ca, cb = load_ckpt(one), load_ckpt(two)
     for k, v in ca["server"]["global_params"].items():
         torch.testing.assert_close(cb["server"]["global_params"][k], v, rtol=0, atol=1e-5)
     assert ca["clients"].keys() == cb["clients"].keys()
@@ -215,9 +207,9 @@ def test_optimizer_state_is_kept_per_client_and_local_steps_count_steps(out):
     fresh = run(out, "method.name=fedavg", *extra, name="fresh")
     rows = read_metrics(kept)
     assert all(r[f"client/{c}/step"] == 1.0 for r in rows for c in range(6))  # steps 0, 1, 2 each round
-    states = torch.load(kept / "checkpoints" / "last.ckpt")["clients"]
+    states = load_ckpt(kept)["clients"]
     assert all(s["optimizer"]["state"] for s in states.values())  # momentum buffers stored per client
-    assert "optimizer" not in torch.load(fresh / "checkpoints" / "last.ckpt")["clients"][0]
+    assert "optimizer" not in load_ckpt(fresh)["clients"][0]
     # round 0 is identical (no stored state yet); from round 1 on the restored momentum changes training
     a, b = read_metrics(kept), read_metrics(fresh)
     assert a[0]["train/loss"] == b[0]["train/loss"] and a[1]["train/loss"] != b[1]["train/loss"]
@@ -230,7 +222,7 @@ def test_kept_optimizer_state_follows_the_round_schedule(out):
     extra = ("optim.round_schedule=cosine", "trainer.local_steps=2", "trainer.participation=1.0")
     kept = run(out, "method.name=test_keep_momentum", "optim.momentum=0.9", *extra, name="cos")
     cfg = load_config(tiny(out, *extra))
-    states = torch.load(kept / "checkpoints" / "last.ckpt")["clients"]
+    states = load_ckpt(kept)["clients"]
     last = round_lr(cfg, cfg.trainer.rounds - 1)
     assert last < cfg.optim.lr
     assert all(g["lr"] == last for s in states.values() for g in s["optimizer"]["param_groups"])

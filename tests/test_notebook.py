@@ -6,7 +6,8 @@ import json
 import sys
 
 import pytest
-from conftest import ROOT, run_cli, tiny
+
+from tests.helpers import ROOT, run_cli, tiny
 
 nbformat = pytest.importorskip("nbformat", reason="the dev extra (pip install -e '.[dev]') brings nbformat")
 nbclient = pytest.importorskip("nbclient", reason="the dev extra brings nbclient")

@@ -1,25 +1,22 @@
 """Methods with a second, personal model beside the global one: Ditto, APFL, pFedMe, Per-FedAvg and FedPHP
 (fl/methods/{ditto,apfl,pfedme,perfedavg,fedphp}.py). Each method's defining property, checkpoint/resume of
 their per-client state, and 1-vs-2 processes (APFL)."""
-import os
-import signal
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fl.config import load_config
 from fl.core import batch_indices
-from fl.core.loop import Orchestrator, sample_clients
+from fl.core.loop import sample_clients
 from fl.core.seeding import generator
 from fl.data import build_data
 from fl.methods.fedphp import hpm_weight
 from fl.methods.perfedavg import hessian_vector_fd, loss_and_grad
 from fl.methods.pfedme import solve_inner
 from fl.run.train import main
-from tests.conftest import initial_model, read_metrics, run_cli, tiny
-from tests.conftest import load_ckpt as ckpt
-from tests.conftest import run_tiny as run
+from tests.helpers import assert_same_rows, ctrl_c_at_round, initial_model, one_and_two_processes, read_metrics, tiny
+from tests.helpers import load_ckpt as ckpt
+from tests.helpers import run_tiny as run
 
 
 def test_ditto_with_lambda_zero_trains_the_personal_model_as_local_does(out):
@@ -238,18 +235,11 @@ def test_resume_restores_every_clients_state(out, method, monkeypatch):
     included (the run length is not changed, since FedPHP's moving-average schedule depends on it)."""
     extra = (f"method.name={method}", "trainer.rounds=4", "trainer.checkpoint_every=10")
     full = run(out, *extra, name="full")
-    original = Orchestrator.train_client
-
-    def interrupt_at_round_2(self, rnd, cid):
-        if rnd == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-        return original(self, rnd, cid)
-
-    monkeypatch.setattr(Orchestrator, "train_client", interrupt_at_round_2)
+    undo = ctrl_c_at_round(monkeypatch, 2)
     assert main(tiny(out, "fabric.cpu_threads=1", "logger.run_name=cut", *extra)) == 130
     cut = out / "outputs" / "cut"
     assert ckpt(cut)["round"] == 1
-    monkeypatch.setattr(Orchestrator, "train_client", original)
+    undo()
     assert main([f"resume={cut}"]) == 0
     assert read_metrics(cut) == read_metrics(full)
     a, b = ckpt(full), ckpt(cut)
@@ -264,17 +254,12 @@ def test_resume_restores_every_clients_state(out, method, monkeypatch):
 
 
 def test_apfl_one_and_two_processes_give_the_same_run(out):
-    common = tiny(out, "method.name=apfl", "trainer.rounds=3", "fabric.cpu_threads=1", "data.num_clients=7",
-                  "trainer.participation=0.6")
-    one = run_cli(common + ["logger.run_name=one"], cwd=out)
-    two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)
-    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
-    a, b = read_metrics(out / "outputs" / "one"), read_metrics(out / "outputs" / "two")
-    assert len(a) == 3 and [r.keys() for r in a] == [r.keys() for r in b]
-    for ra, rb in zip(a, b):
-        for k in ra:
-            assert ra[k] == pytest.approx(rb[k], abs=1e-5), k
-    ca, cb = ckpt(out / "outputs" / "one"), ckpt(out / "outputs" / "two")
+    one, two = one_and_two_processes(out, "method.name=apfl", "trainer.rounds=3", "data.num_clients=7",
+                                     "trainer.participation=0.6")
+    a, b = read_metrics(one), read_metrics(two)
+    assert len(a) == 3
+    assert_same_rows(a, b, abs=1e-5)
+    ca, cb = ckpt(one), ckpt(two)
     for k, v in ca["server"]["global_params"].items():
         torch.testing.assert_close(cb["server"]["global_params"][k], v, rtol=0, atol=1e-5)
     assert ca["clients"].keys() == cb["clients"].keys()

@@ -10,8 +10,6 @@ import torch
 from scipy.stats import multivariate_normal
 
 from fl.config import load_config
-from fl.core.loop import Orchestrator
-from fl.data import build_data
 from fl.methods.pfedfda.stats import (
     cv_objective,
     cv_parts,
@@ -23,17 +21,10 @@ from fl.methods.pfedfda.stats import (
     regularise,
     solve_beta,
 )
-from fl.run.train import main, make_fabric
-from tests.conftest import read_metrics, run_cli, tiny
+from fl.run.train import main
+from tests.helpers import assert_same_rows, load_ckpt, one_and_two_processes, orchestrator, read_metrics, tiny
 
 D64 = torch.float64
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def random_spd(d, gen, scale=1.0):
@@ -195,12 +186,8 @@ def test_beta_modes_and_the_cv_failure_path():
 def build(out: Path, *extra):
     cfg = load_config(tiny(out, "method.name=pfedfda", "fabric.cpu_threads=1", *extra))
     torch.set_num_threads(1)
-    data = build_data(cfg)
-    from fl.core.registry import METHODS
-
-    server = METHODS["pfedfda"].server_cls(cfg)
-    fabric = make_fabric(cfg, [server], [])
-    return Orchestrator(cfg, fabric, data, server, out), server
+    orch = orchestrator(cfg, out)
+    return orch, orch.server
 
 
 def test_frozen_head_statistics_aggregation_and_new_clients(out):
@@ -249,23 +236,16 @@ def test_end_to_end_logs_betas_and_uses_every_client_in_the_last_round(out):
         assert 0 <= last[f"client/{cid}/beta"] <= 1 and 0 <= last[f"client/{cid}/beta_cov"] <= 1
         assert 0 <= last[f"client/{cid}/beta_eval"] <= 1
     assert last["test/acc_weighted"] > 1.5 / 10  # above chance (10 classes) after 3 tiny rounds
-    ckpt = torch.load(out / "outputs" / "e2e" / "checkpoints" / "last.ckpt")
+    ckpt = load_ckpt(out / "outputs" / "e2e")
     assert {"mu", "cov"} <= ckpt["server"].keys()
     assert all(len(state["beta"]) == 2 for state in ckpt["clients"].values())
 
 
 def test_one_and_two_processes_agree(out):
-    common = tiny(out, "method.name=pfedfda", "trainer.rounds=3", "fabric.cpu_threads=1", "data.num_clients=7",
-                  "trainer.evaluators=[]")
-    one = run_cli(common + ["logger.run_name=one"], cwd=out)
-    two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)
-    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
-    a, b = read_metrics(out / "outputs" / "one"), read_metrics(out / "outputs" / "two")
-    assert [r.keys() for r in a] == [r.keys() for r in b]
-    for ra, rb in zip(a, b):
-        for k in ra:
-            assert ra[k] == pytest.approx(rb[k], abs=1e-6), k
-    ca, cb = (torch.load(out / "outputs" / d / "checkpoints" / "last.ckpt") for d in ("one", "two"))
+    one, two = one_and_two_processes(out, "method.name=pfedfda", "trainer.rounds=3", "data.num_clients=7",
+                                     "trainer.evaluators=[]")
+    assert_same_rows(read_metrics(one), read_metrics(two), abs=1e-6)
+    ca, cb = load_ckpt(one), load_ckpt(two)
     torch.testing.assert_close(cb["server"]["mu"], ca["server"]["mu"], rtol=0, atol=1e-6)
     torch.testing.assert_close(cb["server"]["cov"], ca["server"]["cov"], rtol=0, atol=1e-6)
     for k, v in ca["server"]["global_params"].items():

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_cli
 
 from fl.core import METHODS, load_plugins
 from fl.report.cli import write_report
@@ -15,6 +14,7 @@ from fl.report.runs import ReportError, load_local
 from fl.report.summary import summarize_history
 from fl.report.tables import group_runs, table_rows
 from fl.report.wandb_access import load_wandb
+from tests.helpers import run_cli
 
 LAST_K = 2
 load_plugins()  # the methods' registrations hold their headline metrics

@@ -2,7 +2,6 @@
 control-variate update in closed form and against a hand-written loop, the correction changes training
 from round 1 on, resume, and 1-vs-2 processes."""
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -12,9 +11,9 @@ from fl.core.loop import sample_clients
 from fl.core.seeding import generator
 from fl.data import build_data
 from fl.run.train import main
-from tests.conftest import initial_model, read_metrics, run_cli, tiny
-from tests.conftest import load_ckpt as ckpt
-from tests.conftest import run_tiny as run
+from tests.helpers import assert_same_rows, initial_model, one_and_two_processes, read_metrics, tiny
+from tests.helpers import load_ckpt as ckpt
+from tests.helpers import run_tiny as run
 
 
 def test_round_0_equals_fedavg_exactly(out):
@@ -146,17 +145,12 @@ def test_correction_changes_training_from_round_1_and_resume_is_exact(out):
 
 
 def test_one_and_two_processes_give_the_same_run(out):
-    common = tiny(out, "method.name=scaffold", "trainer.rounds=4", "fabric.cpu_threads=1", "data.num_clients=7",
-                  "trainer.participation=0.6")
-    one = run_cli(common + ["logger.run_name=one"], cwd=out)
-    two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)
-    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
-    a, b = read_metrics(out / "outputs" / "one"), read_metrics(out / "outputs" / "two")
-    assert len(a) == 4 and [r.keys() for r in a] == [r.keys() for r in b]
-    for ra, rb in zip(a, b):
-        for k in ra:
-            assert ra[k] == pytest.approx(rb[k], abs=1e-5), k
-    ca, cb = ckpt(out / "outputs" / "one"), ckpt(out / "outputs" / "two")
+    one, two = one_and_two_processes(out, "method.name=scaffold", "trainer.rounds=4", "data.num_clients=7",
+                                     "trainer.participation=0.6")
+    a, b = read_metrics(one), read_metrics(two)
+    assert len(a) == 4
+    assert_same_rows(a, b, abs=1e-5)
+    ca, cb = ckpt(one), ckpt(two)
     for part in ("global_params", "control"):
         for k, v in ca["server"][part].items():
             torch.testing.assert_close(cb["server"][part][k], v, rtol=0, atol=1e-5)

@@ -21,23 +21,9 @@ from fl.methods.fedrep import FedRepClient
 from fl.methods.fedrod import FedRoDClient, balanced_softmax_loss
 from fl.methods.lg_fedavg import LGFedAvgClient
 from fl.run.train import main
-from tests.conftest import initial_model, read_metrics, run_cli, tiny
-from tests.conftest import load_ckpt as ckpt
-from tests.conftest import run_tiny as run
-
-
-def record_uploads(monkeypatch, cls) -> list:
-    """Every upload of `cls` as (round, cid, params on CPU, weight)."""
-    seen = []
-    original = cls.upload
-
-    def upload(self):
-        up = original(self)
-        seen.append((self.round, self.cid, {k: v.detach().cpu().clone() for k, v in up.params.items()}, up.weight))
-        return up
-
-    monkeypatch.setattr(cls, "upload", upload)
-    return seen
+from tests.helpers import assert_same_rows, initial_model, one_and_two_processes, read_metrics, record_uploads, tiny
+from tests.helpers import load_ckpt as ckpt
+from tests.helpers import run_tiny as run
 
 
 # ---- FedBN ----------------------------------------------------------------------------------------
@@ -291,17 +277,12 @@ def test_fedpac_resume_is_exact(out):
 
 
 def test_fedpac_one_and_two_processes_give_the_same_run(out):
-    common = tiny(out, "method.name=fedpac", "trainer.rounds=3", "fabric.cpu_threads=1", "data.num_clients=7",
-                  "trainer.participation=0.6")
-    one = run_cli(common + ["logger.run_name=one"], cwd=out)
-    two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)
-    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
-    a, b = read_metrics(out / "outputs" / "one"), read_metrics(out / "outputs" / "two")
-    assert len(a) == 3 and [r.keys() for r in a] == [r.keys() for r in b]
-    for ra, rb in zip(a, b):
-        for k in ra:
-            assert ra[k] == pytest.approx(rb[k], abs=1e-5), k
-    ca, cb = ckpt(out / "outputs" / "one")["server"], ckpt(out / "outputs" / "two")["server"]
+    one, two = one_and_two_processes(out, "method.name=fedpac", "trainer.rounds=3", "data.num_clients=7",
+                                     "trainer.participation=0.6")
+    a, b = read_metrics(one), read_metrics(two)
+    assert len(a) == 3
+    assert_same_rows(a, b, abs=1e-5)
+    ca, cb = ckpt(one)["server"], ckpt(two)["server"]
     assert ca["heads"].keys() == cb["heads"].keys()
     for cid, hd in ca["heads"].items():
         for k, v in hd.items():

@@ -6,12 +6,12 @@ import math
 
 import pytest
 import yaml
-from conftest import ROOT, TINY, run_cli
 
 from fl.config import ConfigError, load_config
 from fl.sweep.runner import Job, train_argv
 from fl.sweep.runner import main as sweep_main
 from fl.sweep.spec import expand, grid_values, load_sweep, parse_sweep, point_args
+from tests.helpers import ROOT, TINY, run_cli
 
 BASE = {
     "program": "fl.train",

@@ -1,5 +1,7 @@
 """System accuracy, routing accuracy and the oracle (fl/metrics/system.py) against hand computations from a
 run's checkpoint, majority-vote tie-breaking, and 1 vs 2 processes."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from fl.data import build_data
 from fl.metrics.system import majority_vote
 from fl.report.summary import summarize_history
 from fl.run.train import main
-from tests.conftest import read_metrics, run_cli, tiny
+from tests.helpers import assert_same_rows, load_ckpt, one_and_two_processes, read_metrics, tiny
 
 
 def test_majority_vote_breaks_ties_toward_the_smallest_label():
@@ -34,7 +36,7 @@ def _by_hand(args, method):
     """Every client's model on the pooled test set, rebuilt from the checkpoint; returns the metrics."""
     cfg = load_config(args)
     data = build_data(cfg)
-    ckpt = torch.load(f"{cfg.logger.output_dir}/{cfg.logger.run_name}/checkpoints/last.ckpt")
+    ckpt = load_ckpt(Path(cfg.logger.output_dir) / cfg.logger.run_name)
     seed_torch(cfg.seed, 0, -1, "init")
     module = METHODS[method].client_cls(cfg, data).eval()
     module.load_state_dict(ckpt["server"]["global_params"], strict=False)
@@ -82,14 +84,8 @@ def test_methods_with_only_a_global_model_are_skipped(out):
 @pytest.mark.parametrize("method", ["feddrm", "fedavg_ft"])
 def test_one_and_two_processes_give_the_same_system_metrics(out, method):
     # fedavg_ft: majority vote over personalised (fine-tuned) models; feddrm: routing
-    common = tiny(out, f"method.name={method}", "trainer.rounds=2", "fabric.cpu_threads=1", "data.num_clients=7",
-                  "trainer.participation=0.6", "trainer.checkpoint_every=0")
-    one = run_cli(common + ["logger.run_name=one"], cwd=out)
-    two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)
-    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
-    a, b = read_metrics(out / "outputs" / "one"), read_metrics(out / "outputs" / "two")
+    one, two = one_and_two_processes(out, f"method.name={method}", "trainer.rounds=2", "data.num_clients=7",
+                                     "trainer.participation=0.6", "trainer.checkpoint_every=0")
+    a, b = read_metrics(one), read_metrics(two)
     assert "test/system_acc" in a[-1] and ("test/routing_acc" in a[-1]) == (method == "feddrm")
-    for ra, rb in zip(a, b):
-        assert ra.keys() == rb.keys()
-        for k in ra:
-            assert ra[k] == pytest.approx(rb[k], abs=1e-5), k
+    assert_same_rows(a, b, abs=1e-5)

@@ -1,0 +1,138 @@
+"""What test files share: the tiny federation, runs in and out of process, checkpoints, and patches that
+record or interrupt a run. Fixtures live in conftest.py; everything else a test imports comes from here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A small, fast federation used across tests (seconds per run on a 2-core CPU).
+TINY = ["logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients=6",
+        "data.embedded.samples_per_class=40",
+        "data.partition.min_client_size=5", "model.width=4", "trainer.rounds=3", "trainer.batch_size=16",
+        "trainer.participation=0.5", "trainer.checkpoint_every=2", "trainer.eval_every=1",
+        "evaluators.adaptability.every=1"]  # every evaluator on every round: resuming with more rounds changes nothing
+
+
+def tiny(out: Path, *extra: str) -> list[str]:
+    """TINY, writing under `out`, then `extra`."""
+    return TINY + [f"logger.output_dir={out / 'outputs'}", f"data.root={out / 'data'}", *extra]
+
+
+# ---- runs ------------------------------------------------------------------------------------------
+def run_cli(args, cwd, env=None, script=("-m", "fl.train")) -> subprocess.CompletedProcess:
+    """`python <script> <args>` in a fresh process (env values None unset a variable)."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    for key in ["FL_RUN_DIR"] + [k for k, v in (env or {}).items() if v is None]:
+        full_env.pop(key, None)
+    return subprocess.run([sys.executable, *script, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def run_tiny(out: Path, *extra: str, name: str, threads: int | None = 1) -> Path:
+    """An in-process tiny run named `name` (one intra-op thread unless threads=None); returns its run dir."""
+    from fl.run.train import main
+
+    pinned = [f"fabric.cpu_threads={threads}"] if threads else []
+    assert main(tiny(out, *pinned, f"logger.run_name={name}", *extra)) == 0
+    return out / "outputs" / name
+
+
+def one_and_two_processes(out: Path, *extra: str) -> tuple[Path, Path]:
+    """The same tiny run (one intra-op thread) on one process and with Fabric ddp on two; returns the run dirs
+    outputs/one and outputs/two."""
+    common = tiny(out, "fabric.cpu_threads=1", *extra)
+    one = run_cli(common + ["logger.run_name=one"], cwd=out)
+    two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
+    return out / "outputs" / "one", out / "outputs" / "two"
+
+
+def assert_same_rows(a: list[dict], b: list[dict], abs: float) -> None:
+    """Two runs' metrics.jsonl rows: the same rounds with the same keys, every value within `abs`."""
+    assert [r.keys() for r in a] == [r.keys() for r in b]
+    for ra, rb in zip(a, b):
+        for k in ra:
+            assert ra[k] == pytest.approx(rb[k], abs=abs), k
+
+
+# ---- what a run leaves -----------------------------------------------------------------------------
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def load_ckpt(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+
+
+def global_params(run_dir: Path) -> dict:
+    return load_ckpt(run_dir)["server"]["global_params"]
+
+
+def same_private_states(a: dict, b: dict) -> bool:
+    """Two checkpoints' client stores hold the same clients with bitwise equal private tensors."""
+    return a.keys() == b.keys() and all(torch.equal(a[c]["private"][k], b[c]["private"][k])
+                                        for c in a for k in a[c]["private"])
+
+
+# ---- building pieces of a run by hand --------------------------------------------------------------
+def initial_model(cfg, data):
+    """The model every client and the server start from (how the orchestrator initialises it)."""
+    from fl.core import build_model
+    from fl.core.seeding import seed_torch
+
+    seed_torch(cfg.seed, 0, -1, "init")
+    return build_model(cfg, data.input_shape, data.num_classes)
+
+
+def orchestrator(cfg, run_dir: Path):
+    """The round loop of `cfg` (data, the method's server as a Fabric callback) without a run; rounds and
+    clients are then driven by hand (`train_client`, `run_round`)."""
+    from fl.core.loop import Orchestrator
+    from fl.core.registry import METHODS
+    from fl.data import build_data
+    from fl.run.train import make_fabric
+
+    data = build_data(cfg)
+    server = METHODS[cfg.method.name].server_cls(cfg)
+    return Orchestrator(cfg, make_fabric(cfg, [server], []), data, server, run_dir)
+
+
+# ---- patches (monkeypatch) -------------------------------------------------------------------------
+def record_uploads(monkeypatch, cls) -> list:
+    """Every upload of `cls` as (round, cid, params on CPU, weight)."""
+    seen = []
+    original = cls.upload
+
+    def upload(self):
+        up = original(self)
+        seen.append((self.round, self.cid, {k: v.detach().cpu().clone() for k, v in up.params.items()}, up.weight))
+        return up
+
+    monkeypatch.setattr(cls, "upload", upload)
+    return seen
+
+
+def ctrl_c_at_round(monkeypatch, rnd: int) -> Callable[[], None]:
+    """Send this process SIGINT (Ctrl-C) when local training of round `rnd` starts; returns the undo."""
+    from fl.core.loop import Orchestrator
+
+    original = Orchestrator.train_client
+
+    def train_client(self, r, cid):
+        if r == rnd:
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(self, r, cid)
+
+    monkeypatch.setattr(Orchestrator, "train_client", train_client)
+    return lambda: monkeypatch.setattr(Orchestrator, "train_client", original)
