@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+from tests import helpers
+
 
 @pytest.fixture
 def out(tmp_path):
@@ -16,3 +18,11 @@ def _restore_threads():
     yield
     torch.set_num_threads(threads)
 
+
+@pytest.fixture(autouse=True)
+def _processes_only_in_slow_tests(request):
+    """helpers.run_cli refuses to start a process in a test that is not marked slow, so `-m "not slow"`
+    stays free of processes."""
+    helpers.current_test_is_slow = request.node.get_closest_marker("slow") is not None
+    yield
+    helpers.current_test_is_slow = None

@@ -1,5 +1,8 @@
 """What test files share: the tiny federation, runs in and out of process, checkpoints, and patches that
 record or interrupt a run. Fixtures live in conftest.py; everything else a test imports comes from here.
+
+Functions that start a process (`run_cli`, `one_and_two_processes`) refuse to run in a test that is not
+marked `@pytest.mark.slow`, so `pytest -m "not slow"` never starts one.
 """
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ TINY = ["logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients
         "trainer.participation=0.5", "trainer.checkpoint_every=2", "trainer.eval_every=1",
         "evaluators.adaptability.every=1"]  # every evaluator on every round: resuming with more rounds changes nothing
 
+# Set by conftest's autouse fixture: whether the running test is marked slow (None outside a test).
+current_test_is_slow: bool | None = None
+
 
 def tiny(out: Path, *extra: str) -> list[str]:
     """TINY, writing under `out`, then `extra`."""
@@ -31,7 +37,9 @@ def tiny(out: Path, *extra: str) -> list[str]:
 
 # ---- runs ------------------------------------------------------------------------------------------
 def run_cli(args, cwd, env=None, script=("-m", "fl.train")) -> subprocess.CompletedProcess:
-    """`python <script> <args>` in a fresh process (env values None unset a variable)."""
+    """`python <script> <args>` in a fresh process (env values None unset a variable). Slow tests only."""
+    if current_test_is_slow is False:
+        raise RuntimeError("run_cli starts a process: mark the test @pytest.mark.slow")
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     for key in ["FL_RUN_DIR"] + [k for k, v in (env or {}).items() if v is None]:
         full_env.pop(key, None)
@@ -50,7 +58,7 @@ def run_tiny(out: Path, *extra: str, name: str, threads: int | None = 1) -> Path
 
 def one_and_two_processes(out: Path, *extra: str) -> tuple[Path, Path]:
     """The same tiny run (one intra-op thread) on one process and with Fabric ddp on two; returns the run dirs
-    outputs/one and outputs/two."""
+    outputs/one and outputs/two. Slow tests only."""
     common = tiny(out, "fabric.cpu_threads=1", *extra)
     one = run_cli(common + ["logger.run_name=one"], cwd=out)
     two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)

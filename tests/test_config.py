@@ -33,6 +33,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(out, capsys, arg, words
     assert not (out / "outputs").exists()
 
 
+@pytest.mark.slow
 def test_cli_exit_code_is_2(out):
     res = run_cli(tiny(out, "optim.lr=-1"), cwd=out)
     assert res.returncode == 2 and res.stderr.strip() == "error: optim.lr=-1.0 is out of range; it must be > 0.0"

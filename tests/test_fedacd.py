@@ -278,6 +278,7 @@ def test_every_method_reports_the_diagnostics(out, method):
         assert 0 <= r["test/global_acc"] <= 1 and 0 <= r["test/global_acc_client_dist"] <= 1
 
 
+@pytest.mark.slow
 def test_one_and_two_processes_agree(out):
     one, two = one_and_two_processes(out, "method.name=fedacd", "trainer.rounds=2", "evaluators.adaptability.every=1",
                                      "data.num_clients=7", "model.norm=batch")
@@ -286,6 +287,7 @@ def test_one_and_two_processes_agree(out):
     assert_same_rows(a, b, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_bad_fedacd_options_are_config_errors(out):
     res = run_cli(tiny(out, "method.name=fedacd", "method.p_update=epoch"), cwd=out)
     assert res.returncode == 2 and "method.p_update" in res.stderr and "prev_epoch" in res.stderr

@@ -255,6 +255,7 @@ def test_resume_continues_the_same_run(out, extra):
     assert all(s["optimizer"]["state"] for s in cf["clients"].values())  # Adam moments kept per client
 
 
+@pytest.mark.slow
 def test_one_and_two_processes_give_the_same_pseudo_labels(out):
     one, two = one_and_two_processes(out, *MOSAIC, "trainer.rounds=3", "data.num_clients=5", "model.norm=batch",
                                      "method.tie_break=random")

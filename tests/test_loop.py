@@ -144,6 +144,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_same_run(out, monkeyp
     assert read_metrics(cut) == read_metrics(full)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_identical(out):
     args = tiny(out, "trainer.rounds=6", "trainer.checkpoint_every=2")
     full = run(out, *args[len(tiny(out)):], name="full")
@@ -162,6 +163,7 @@ def test_sigkill_then_resume_is_bitwise_identical(out):
 
 
 # ---- processes -----------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("method, participation, norm", [("fedavg", 0.6, "none"), ("fedper", 0.1, "batch"),
                                                        ("local", 0.6, "none")])
 def test_one_and_two_processes_give_the_same_run(out, method, participation, norm):
@@ -176,6 +178,7 @@ def test_one_and_two_processes_give_the_same_run(out, method, participation, nor
     assert ca["clients"].keys() == cb["clients"].keys()
 
 
+@pytest.mark.slow
 def test_wandb_defaults_to_offline_without_an_api_key_and_never_prompts(out, tmp_path):
     env = {"WANDB_API_KEY": None, "WANDB_MODE": None, "HOME": str(tmp_path), "NETRC": str(tmp_path / "none")}
     args = [a for a in tiny(out, "logger.run_name=wb") if not a.startswith("logger.wandb.mode")]

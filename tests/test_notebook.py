@@ -13,6 +13,8 @@ nbformat = pytest.importorskip("nbformat", reason="the dev extra (pip install -e
 nbclient = pytest.importorskip("nbclient", reason="the dev extra brings nbclient")
 pytest.importorskip("ipykernel", reason="the dev extra brings ipykernel")
 
+pytestmark = pytest.mark.slow  # quickstart processes and a notebook kernel
+
 
 def test_compare_notebook_executes_on_quickstart_runs(tmp_path, monkeypatch):
     for method, seed in (("fedavg", 0), ("fedavg", 1), ("fedprox", 0)):

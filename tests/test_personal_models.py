@@ -253,6 +253,7 @@ def test_resume_restores_every_clients_state(out, method, monkeypatch):
             assert torch.equal(torch.as_tensor(s[k]), torch.as_tensor(b["clients"][cid][k])), k
 
 
+@pytest.mark.slow
 def test_apfl_one_and_two_processes_give_the_same_run(out):
     one, two = one_and_two_processes(out, "method.name=apfl", "trainer.rounds=3", "data.num_clients=7",
                                      "trainer.participation=0.6")

@@ -241,6 +241,7 @@ def test_end_to_end_logs_betas_and_uses_every_client_in_the_last_round(out):
     assert all(len(state["beta"]) == 2 for state in ckpt["clients"].values())
 
 
+@pytest.mark.slow
 def test_one_and_two_processes_agree(out):
     one, two = one_and_two_processes(out, "method.name=pfedfda", "trainer.rounds=3", "data.num_clients=7",
                                      "trainer.evaluators=[]")

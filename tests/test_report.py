@@ -138,6 +138,7 @@ def test_variants_settings_and_headline(tmp_path):
     assert rows[("embedded/dirichlet partition.alpha=0.5", "fedprox mu=0.1")]["headline"] == "test/target_acc"
 
 
+@pytest.mark.slow
 def test_unfinished_runs_are_skipped_with_a_note_and_cli_writes_into_the_sweep_dir(runs_dir):
     (runs_dir / "dead-s9").mkdir()
     (runs_dir / "dead-s9" / "config.yaml").write_text("seed: 9\n")
@@ -191,6 +192,7 @@ def test_wandb_runs_give_the_same_table_as_the_run_directories(runs_dir, tmp_pat
     assert table(remote) == table(local)
 
 
+@pytest.mark.slow
 def test_wandb_offline_fails_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     with pytest.raises(ReportError, match="--wandb needs W&B online"):
@@ -201,6 +203,7 @@ def test_wandb_offline_fails_in_one_line(tmp_path, monkeypatch):
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--wandb needs W&B online" in res.stderr
 
 
+@pytest.mark.slow  # W&B's offline logger starts its wandb-core service process
 def test_wandb_dashboard_offline_summaries_table_and_plots(tmp_path, monkeypatch):
     """The W&B logger (offline): the run table's best/<key> and last<K>/<key> equal summary.json's values,
     <key> itself stays a plain last value (what a sweep's metric reads), per-client metrics become a table

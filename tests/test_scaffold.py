@@ -2,6 +2,7 @@
 control-variate update in closed form and against a hand-written loop, the correction changes training
 from round 1 on, resume, and 1-vs-2 processes."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -144,6 +145,7 @@ def test_correction_changes_training_from_round_1_and_resume_is_exact(out):
         assert all(torch.equal(ca[k], cb[k]) for k in ca)
 
 
+@pytest.mark.slow
 def test_one_and_two_processes_give_the_same_run(out):
     one, two = one_and_two_processes(out, "method.name=scaffold", "trainer.rounds=4", "data.num_clients=7",
                                      "trainer.participation=0.6")

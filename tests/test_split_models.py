@@ -276,6 +276,7 @@ def test_fedpac_resume_is_exact(out):
         assert all(torch.equal(pa[k], pb[k]) for k in pa)
 
 
+@pytest.mark.slow
 def test_fedpac_one_and_two_processes_give_the_same_run(out):
     one, two = one_and_two_processes(out, "method.name=fedpac", "trainer.rounds=3", "data.num_clients=7",
                                      "trainer.participation=0.6")

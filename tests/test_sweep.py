@@ -115,6 +115,7 @@ def test_malformed_files_name_the_bad_field(change, field):
     assert str(err.value).startswith(field) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_cli_bad_file_exits_2_with_one_line(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(doc(method="grdi")))
@@ -141,6 +142,7 @@ def test_a_dead_run_without_checkpoint_is_restarted_and_one_with_a_checkpoint_re
     assert "optim.lr=0.1" in argv and f"logger.run_name={run_dir.name}" in argv and "seed=0" in argv
 
 
+@pytest.mark.slow
 def test_offline_sweep_runs_groups_resumes_and_picks_the_best(tmp_path):
     sweep_file = tmp_path / "tiny.yaml"
     sweep_file.write_text(yaml.safe_dump(doc(name="tiny", parameters={
@@ -172,6 +174,7 @@ def test_offline_sweep_runs_groups_resumes_and_picks_the_best(tmp_path):
     assert json.loads((half / "summary.json").read_text())["final"]["test/acc_mean_clients"] == finals[half.name]
 
 
+@pytest.mark.slow
 def test_make_writes_a_valid_sweep_file_from_declared_ranges(tmp_path, capsys):
     out = tmp_path / "lam.yaml"
     res = run_cli(["--make", "conf=fedpals_cifar10_c2_synthetic", "params=method.lam", f"out={out}"],

@@ -81,6 +81,7 @@ def test_methods_with_only_a_global_model_are_skipped(out):
     assert not any(k.startswith(("test/system", "test/routing")) for k in read_metrics(out / "outputs" / "glob")[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["feddrm", "fedavg_ft"])
 def test_one_and_two_processes_give_the_same_system_metrics(out, method):
     # fedavg_ft: majority vote over personalised (fine-tuned) models; feddrm: routing
