@@ -11,6 +11,7 @@ never trained are personalised the same way.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -32,9 +33,13 @@ class PFedFDAConfig(MethodConfig):
                            help="single: one beta_i for means and covariance (SB, the paper's main results); "
                            "separate: beta for means and for covariance (MB); local_only: beta_i = 1 (NB)")
     cv_folds: int = param(2, ge=2, help="k of the k-fold cross-validation that picks beta_i")
+    beta_solver: str = param("bounded", choices=["bounded", "lbfgs"],
+                             help="bounded: the minimiser of the CV objective over [0, 1] by grid and golden-section "
+                             "search (never fails); lbfgs: the official code's L-BFGS with beta clipped, falling "
+                             "back to the bounded search where it fails (counted in train/beta_fallbacks)")
     beta_init: float = param(0.5, ge=0.0, le=1.0, help="L-BFGS starting point and a new client's beta")
-    beta_max_iter: int = param(10, ge=1, help="L-BFGS iterations of the beta search")
-    beta_gtol: float = param(1e-3, gt=0.0, help="L-BFGS gradient tolerance")
+    beta_max_iter: int = param(10, ge=1, help="L-BFGS iterations of the beta search (beta_solver=lbfgs)")
+    beta_gtol: float = param(1e-3, gt=0.0, help="L-BFGS gradient tolerance (beta_solver=lbfgs)")
     cov_reg: str = param("code", choices=["code", "paper"],
                          help="covariance regularisation: code = +1e-4 on every entry and +I (official code); "
                          "paper = +1e-4 I; both then take the nearest PD matrix with the same variances")
@@ -115,12 +120,9 @@ class PFedFDAClient(ClientModule):
 
     def on_local_train_end(self) -> None:
         z, y = self._bank_or_pass()
-        gen = generator(self.cfg.seed, self.round, self.cid, "pfedfda/cv")
-        r = solve_beta(z, y, self.glob, self.log_prior, mode=self.hp.beta_mode, k=self.hp.cv_folds,
-                       cov_reg=self.hp.cov_reg, shrink_eps=self.hp.shrink_eps, max_iter=self.hp.beta_max_iter,
-                       gtol=self.hp.beta_gtol, gen=gen, prev=self.beta, init=self.hp.beta_init)
+        r = self.solve_beta(z, y, self.log_prior, "pfedfda/cv")
         self.beta = (r.beta_mu, r.beta_cov)
-        local = estimate(z, y, self.glob[0], self.hp.cov_reg)
+        local = estimate(z, y, self.glob[0], self.hp.cov_reg, eps=self.hp.cov_eps)
         mu, cov = interpolate(r.beta_mu, r.beta_cov, local, self.glob)
         self.result = {"mu": mu, "cov": cov, "n": float(self.num_train), "beta": r.beta_mu, "beta_cov": r.beta_cov,
                        "fallback": float(r.fallback)}
@@ -132,6 +134,14 @@ class PFedFDAClient(ClientModule):
             return self.features(self.cid)
         return torch.cat([b[0] for b in bank]).to(torch.float64), torch.cat([b[1] for b in bank])
 
+    def solve_beta(self, z: Tensor, y: Tensor, log_prior: Tensor, purpose: str):
+        """beta_i by k-fold cross-validation on the features (z, y) (Eq. 9), seeded per (round, client, purpose)."""
+        hp = self.hp
+        return solve_beta(z, y, self.glob, log_prior, mode=hp.beta_mode, k=hp.cv_folds, cov_reg=hp.cov_reg,
+                          shrink_eps=hp.shrink_eps, max_iter=hp.beta_max_iter, gtol=hp.beta_gtol,
+                          gen=generator(self.cfg.seed, self.round, self.cid, purpose), prev=self.beta,
+                          init=hp.beta_init, solver=hp.beta_solver, cov_eps=hp.cov_eps)
+
     def features(self, cid: int) -> tuple[Tensor, Tensor]:
         """One no-grad pass of the current backbone over the client's training split (float64, no autocast)."""
         zs, ys = zip(*self.eval_pass(self.train_split(self.data, cid), self.model.backbone, autocast=False))
@@ -142,15 +152,17 @@ class PFedFDAClient(ClientModule):
         cid = self.cid
         z, y = self.features(cid)
         log_prior = _log_prior(self, cid).to(self.dev)
-        gen = generator(self.cfg.seed, self.round, cid, "pfedfda/cv_eval")
-        r = solve_beta(z, y, self.glob, log_prior, mode=self.hp.beta_mode, k=self.hp.cv_folds,
-                       cov_reg=self.hp.cov_reg, shrink_eps=self.hp.shrink_eps, max_iter=self.hp.beta_max_iter,
-                       gtol=self.hp.beta_gtol, gen=gen, prev=self.beta, init=self.hp.beta_init)
-        local = estimate(z, y, self.glob[0], self.hp.cov_reg, min_count=self.hp.eval_min_count)
+        r = self.solve_beta(z, y, log_prior, "pfedfda/cv_eval")
+        local = estimate(z, y, self.glob[0], self.hp.cov_reg, min_count=self.hp.eval_min_count, eps=self.hp.cov_eps)
         self.set_head(*interpolate(r.beta_mu, r.beta_cov, local, self.glob), log_prior)
         logs = {"beta_eval": r.beta_mu}  # the beta this client's evaluated head used
         if self.hp.beta_mode == "separate":
             logs["beta_cov_eval"] = r.beta_cov
+        # a head that puts every one of the client's (multi-class) training samples in one class has collapsed,
+        # e.g. when cov_reg=code's added identity dwarfs features of a small scale
+        with torch.no_grad():
+            preds = self.model.head(z.to(self.model.head.weight.dtype)).argmax(1)
+        logs["head_collapsed"] = float(len(torch.unique(y)) > 1 and len(torch.unique(preds)) == 1)
         return logs
 
 
@@ -200,6 +212,13 @@ class PFedFDAServer(Server):
                              dtype=torch.float64)
         metrics["test/beta_mean"] = float(betas.mean())
         ctx.log_histogram("server/beta_hist", betas.tolist())
+        collapsed = sum(metrics[f"client/{cid}/head_collapsed"] for cid in range(self.data.num_clients))
+        metrics["test/collapsed_heads"] = collapsed
+        if collapsed and ctx.fabric.is_global_zero:
+            warnings.warn(f"pFedFDA, round {ctx.round + 1}: {int(collapsed)} of {self.data.num_clients} personal heads "
+                          f"predict one class for all of their client's training samples (method.cov_reg="
+                          f"{self.hp.cov_reg}; with 'code' the added identity can dwarf small-scale features)",
+                          stacklevel=1)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "mu": self.mu.cpu(), "cov": self.cov.cpu()}

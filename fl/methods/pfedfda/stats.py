@@ -7,6 +7,7 @@ Equation numbers are the paper's (McLaughlin & Su, NeurIPS 2024).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -72,7 +73,8 @@ def regularise(cov: Tensor, mode: str, eps: float = 1e-4) -> Tensor:
     return nearest_pd_clipped(cov + eps * eye, std_floor=math.sqrt(eps))
 
 
-def estimate(z: Tensor, y: Tensor, fallback_mu: Tensor, cov_reg: str, min_count: int = 0) -> tuple[Tensor, Tensor]:
+def estimate(z: Tensor, y: Tensor, fallback_mu: Tensor, cov_reg: str, min_count: int = 0,
+             eps: float = 1e-4) -> tuple[Tensor, Tensor]:
     """Eq. 6-8: class means and the tied (pooled within-class) covariance with an (n - 1) denominator.
     Classes with at most `min_count` samples (absent ones always) take the global mean; centring always uses
     the local mean of every present class."""
@@ -83,7 +85,7 @@ def estimate(z: Tensor, y: Tensor, fallback_mu: Tensor, cov_reg: str, min_count:
     centred = z - local[y]
     cov = centred.T @ centred / max(z.shape[0] - 1, 1)
     mu = torch.where((counts > min_count)[:, None], local, fallback_mu)
-    return mu, regularise(cov, cov_reg)
+    return mu, regularise(cov, cov_reg, eps)
 
 
 def interpolate(beta_mu, beta_cov, local: tuple[Tensor, Tensor], glob: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
@@ -112,14 +114,14 @@ class BetaResult:
 
 
 def cv_parts(z: Tensor, y: Tensor, glob: tuple[Tensor, Tensor], k: int, cov_reg: str,
-             gen: torch.Generator) -> list[tuple[tuple[Tensor, Tensor], Tensor, Tensor]]:
+             gen: torch.Generator, cov_eps: float = 1e-4) -> list[tuple[tuple[Tensor, Tensor], Tensor, Tensor]]:
     """Per fold: the local statistics of its training part (Eq. 6-8, global-mean fallback) and its held-out
     features and labels."""
     folds = stratified_folds(y, k, gen)
     parts = []
     for f in range(k):
         train = torch.cat([folds[g] for g in range(k) if g != f])
-        parts.append((estimate(z[train], y[train], glob[0], cov_reg), z[folds[f]], y[folds[f]]))
+        parts.append((estimate(z[train], y[train], glob[0], cov_reg, eps=cov_eps), z[folds[f]], y[folds[f]]))
     return parts
 
 
@@ -156,12 +158,65 @@ def cv_objective(parts, glob: tuple[Tensor, Tensor], log_prior: Tensor, shrink_e
     return J
 
 
+def golden_section(f: Callable[[float], float], lo: float, hi: float, tol: float) -> tuple[float, float]:
+    """Golden-section search for a minimum of f on [lo, hi]: (argument, value) to within tol."""
+    ratio = (math.sqrt(5) - 1) / 2
+    c, d = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fc, fd = f(c), f(d)
+    while hi - lo > tol:
+        if fc <= fd:
+            hi, d, fd = d, c, fc
+            c = hi - ratio * (hi - lo)
+            fc = f(c)
+        else:
+            lo, c, fc = c, d, fd
+            d = lo + ratio * (hi - lo)
+            fd = f(d)
+    return (c, fc) if fc <= fd else (d, fd)
+
+
+def bounded_min(f: Callable[..., float], dims: int, tol: float = 1e-7) -> tuple[tuple[float, ...], float]:
+    """The minimum of f over [0, 1]^dims (dims 1 or 2): the best point of a uniform grid (21 points, resp. 11 x 11),
+    refined by golden-section search on each coordinate within one grid step of it (in 2-D, coordinate by
+    coordinate until the point stops moving).
+    Non-finite values count as +inf, so the search cannot fail; returns (point, value), value = inf when f is
+    nowhere finite."""
+    def value(point) -> float:
+        v = f(*point)
+        return v if math.isfinite(v) else math.inf
+
+    n = 21 if dims == 1 else 11
+    axis = [i / (n - 1) for i in range(n)]
+    grid = [(a,) for a in axis] if dims == 1 else [(a, b) for a in axis for b in axis]
+    values = [value(p) for p in grid]
+    best = min(range(len(grid)), key=values.__getitem__)
+    point, fbest = list(grid[best]), values[best]
+    if not math.isfinite(fbest):
+        return tuple(point), fbest
+    for _ in range(1 if dims == 1 else 8):  # in 2-D: coordinate sweeps until the point stops moving
+        moved = 0.0
+        for i in range(dims):
+            lo, hi = max(0.0, point[i] - 1 / (n - 1)), min(1.0, point[i] + 1 / (n - 1))
+            t, ft = golden_section(lambda t, i=i: value(point[:i] + [t] + point[i + 1:]), lo, hi, tol)
+            if ft < fbest:  # the bracket's ends are grid points already seen: keep the best value
+                moved, point[i], fbest = max(moved, abs(t - point[i])), t, ft
+        if moved < 10 * tol:
+            break
+    return tuple(point), fbest
+
+
 def solve_beta(z: Tensor, y: Tensor, glob: tuple[Tensor, Tensor], log_prior: Tensor, *, mode: str, k: int,
                cov_reg: str, shrink_eps: float, max_iter: int, gtol: float, gen: torch.Generator,
-               prev: Optional[tuple[float, float]] = None, init: float = 0.5) -> BetaResult:
-    """Eq. 9: beta minimising the k-fold cross-validated cross-entropy of the interpolated LDA head, by L-BFGS
-    from `init` with beta clipped to [0, 1] inside the objective (the official code's solver).
-    mode: single (one beta for means and covariance), separate (beta_mu, beta_cov), local_only (beta = 1)."""
+               prev: Optional[tuple[float, float]] = None, init: float = 0.5, solver: str = "bounded",
+               cov_eps: float = 1e-4) -> BetaResult:
+    """Eq. 9: beta minimising the k-fold cross-validated cross-entropy of the interpolated LDA head (the official
+    code's objective) over [0, 1] (one beta, or beta_mu and beta_cov in separate mode).
+    solver: bounded = `bounded_min`, the exact minimiser up to 1e-7 on any input; lbfgs = the official code's
+    L-BFGS from `init` with beta clipped to [0, 1] inside the objective, which can fail (a strong-Wolfe line
+    search on a diverged feature bank raises IndexError) or return a non-finite loss: then the bounded search
+    is used and the result is marked as a fallback.
+    mode: single (one beta for means and covariance), separate (beta_mu, beta_cov), local_only (beta = 1).
+    The result is always finite and in [0, 1]."""
     if mode == "local_only":
         return BetaResult(1.0, 1.0, False)
     prev = prev if prev is not None else (init, init)
@@ -170,24 +225,45 @@ def solve_beta(z: Tensor, y: Tensor, glob: tuple[Tensor, Tensor], log_prior: Ten
     z, y = z[keep], y[keep]
     if z.shape[0] < k:
         return BetaResult(0.0, 0.0, True)  # the code's CV-failure path: global statistics only
-    x = torch.full((1 if mode == "single" else 2,), init, dtype=torch.float64, device=z.device, requires_grad=True)
+    dims = 1 if mode == "single" else 2
     try:
-        J = cv_objective(cv_parts(z, y, glob, k, cov_reg, gen), glob, log_prior, shrink_eps)
-        opt = torch.optim.LBFGS([x], lr=1.0, max_iter=max_iter, tolerance_grad=gtol, line_search_fn="strong_wolfe")
+        J = cv_objective(cv_parts(z, y, glob, k, cov_reg, gen, cov_eps), glob, log_prior, shrink_eps)
+    except RuntimeError:  # a failed factorisation of the global covariance: keep the previous beta (code)
+        return BetaResult(prev[0], prev[1], True)
 
-        def closure():
-            opt.zero_grad()
-            b = x.clamp(0.0, 1.0)
-            loss = J(b[0], b[-1])
-            loss.backward()
-            return loss
-
-        opt.step(closure)
+    def objective(*b: float) -> float:
         with torch.no_grad():
-            b = x.detach().clamp(0.0, 1.0)
-            loss = float(J(b[0], b[-1]))
-    except RuntimeError:  # a failed factorisation: keep the previous beta (code behaviour)
+            t = torch.tensor(b, dtype=torch.float64, device=z.device)
+            return float(J(t[0], t[-1]))
+
+    fallback = False
+    if solver == "lbfgs":
+        try:
+            b, loss = _lbfgs(J, dims, init, max_iter, gtol, z.device)
+            if math.isfinite(loss):
+                return BetaResult(b[0], b[-1], False, loss)
+        except (RuntimeError, IndexError, ValueError):  # the line search's failures on degenerate banks
+            pass
+        fallback = True
+    b, loss = bounded_min(objective, dims)
+    if not math.isfinite(loss):  # the objective is nowhere finite: keep the previous beta
         return BetaResult(prev[0], prev[1], True)
-    if not math.isfinite(loss):
-        return BetaResult(prev[0], prev[1], True)
-    return BetaResult(float(b[0]), float(b[-1]), False, loss)
+    return BetaResult(b[0], b[-1], fallback, loss)
+
+
+def _lbfgs(J, dims: int, init: float, max_iter: int, gtol: float, device) -> tuple[tuple[float, ...], float]:
+    """The official code's search: L-BFGS (strong Wolfe) from `init`, beta clipped to [0, 1] in the objective."""
+    x = torch.full((dims,), init, dtype=torch.float64, device=device, requires_grad=True)
+    opt = torch.optim.LBFGS([x], lr=1.0, max_iter=max_iter, tolerance_grad=gtol, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        b = x.clamp(0.0, 1.0)
+        loss = J(b[0], b[-1])
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        b = x.detach().clamp(0.0, 1.0)
+        return tuple(float(v) for v in b), float(J(b[0], b[-1]))
