@@ -256,3 +256,9 @@ class ClientModule(L.LightningModule):
         (fl/metrics/system.py). Computed from the server's model (cid == -1). None (the default) = no
         router; system accuracy is then the majority vote of all client models."""
         return None
+
+    def client_scores(self, x: Tensor) -> Optional[Tensor]:
+        """The router's raw per-client scores, before any correction its routing rule applies; routing accuracy
+        is the share of queries whose argmax is their own client (FedDRM's "client accuracy"). Default: the
+        routing scores."""
+        return self.route_scores(x)

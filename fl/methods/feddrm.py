@@ -134,6 +134,9 @@ class FedDRMClient(ClientModule):
     def route_scores(self, x: Tensor) -> Tensor:
         return route_scores(self.model.client_logits(x), self.log_prior, self.hp.routing)
 
+    def client_scores(self, x: Tensor) -> Tensor:
+        return self.model.client_logits(x)  # the official "client accuracy" is their raw argmax, whatever the rule
+
 
 # the server step is FedAvg's: the n_i-weighted mean of the uploaded (shared) parameters
 register_method("feddrm", FedDRMConfig, FedDRMClient, Server, headline="test/system_acc")

@@ -7,8 +7,11 @@ client's shift).
   unweighted majority vote of all client models, ties going to the smallest label (torch.mode's rule).
 * `test/system_acc_oracle`: each query goes to its own client's model (a diagnostic upper bound on the value
   of routing; it is the micro-averaged per-client accuracy).
-* `test/routing_acc` (router only): per client, the share of its test samples routed back to it, averaged with
-  training-size weights n_i / N (the paper's "client accuracy"); `test/routing_acc_micro` pools them.
+* `test/routing_acc` (router only): per client, the share of its test samples whose raw client scores
+  (`ClientModule.client_scores`) have their argmax at that client, averaged with training-size weights n_i / N:
+  the paper's "client accuracy", which its official code computes from the raw argmax whatever the routing
+  rule; `test/routing_acc_micro` pools them. `test/routing_acc_rule` (and `_micro`) is the same share for the
+  routing rule's own choice (FedDRM's density-ratio correction), the routing that system_acc uses.
 
 Methods whose clients all use one global model (no private parameters, no `personalize`, no router) are
 skipped: their system accuracy is `test/acc_global`. The router runs on the server's model (cid -1).
@@ -68,11 +71,11 @@ class SystemAccuracy(Evaluator):
         rank, world = fabric.global_rank, fabric.world_size
 
         # 1. routing, by the server's model: every process routes its share of the batches
-        route = None
+        route = raw = None
         if has_router(m):
             ctx.load_client(-1)
             m.eval()
-            route = torch.zeros(offsets[-1], dtype=torch.float64, device=device)
+            route = torch.zeros(2, offsets[-1], dtype=torch.float64, device=device)  # [rule, raw argmax]
             with torch.no_grad(), fabric.autocast():
                 for j, b in units[rank::world]:
                     x, _ = m.make_batch(tests[j], slice(b, b + bs))
@@ -80,10 +83,15 @@ class SystemAccuracy(Evaluator):
                     if scores is None:  # the hook declined: no router after all
                         route = None
                         break
-                    route[offsets[j] + b:offsets[j] + b + len(x)] = scores.argmax(1).to(torch.float64)
+                    span = slice(offsets[j] + b, offsets[j] + b + len(x))
+                    route[0, span] = scores.argmax(1).to(torch.float64)
+                    route[1, span] = m.client_scores(x).argmax(1).to(torch.float64)
             # every process must agree on whether a router exists before the collective
             declined = _reduce(fabric, torch.tensor([float(route is None)], device=device))
-            route = None if float(declined) > 0 else _reduce(fabric, route).long()
+            if float(declined) > 0:
+                route = None
+            else:
+                route, raw = _reduce(fabric, route).long()
 
         # 2. client models: each process evaluates its share of the clients
         K = data.num_classes
@@ -118,7 +126,8 @@ class SystemAccuracy(Evaluator):
         out = {"test/system_acc_oracle": float(counts[1]) / total}
         if route is not None:
             out["test/system_acc"] = float(counts[0]) / total
-            out.update(routing_accuracy(route, offsets, sizes, data.train_sizes()))
+            out.update(routing_accuracy(raw, offsets, sizes, data.train_sizes(), "test/routing_acc"))
+            out.update(routing_accuracy(route, offsets, sizes, data.train_sizes(), "test/routing_acc_rule"))
         else:
             votes = _reduce(fabric, votes)
             labels = torch.cat([s.y.to(device) for s in tests])
@@ -126,8 +135,9 @@ class SystemAccuracy(Evaluator):
         return out
 
 
-def routing_accuracy(route: Tensor, offsets: list[int], sizes: list[int], train_sizes: list[int]) -> dict:
-    """Per client the share of its test queries routed to it, weighted by training size."""
+def routing_accuracy(route: Tensor, offsets: list[int], sizes: list[int], train_sizes: list[int], key: str) -> dict:
+    """Per client the share of its test queries routed to it, weighted by training size (`key`) and pooled
+    (`key`_micro)."""
     acc, weight, hits = [], [], 0
     for j, n in enumerate(sizes):
         if n:
@@ -137,4 +147,4 @@ def routing_accuracy(route: Tensor, offsets: list[int], sizes: list[int], train_
             weight.append(float(train_sizes[j]))
     w = sum(weight)
     weighted = sum(a * wt for a, wt in zip(acc, weight)) / w if w > 0 else sum(acc) / len(acc)
-    return {"test/routing_acc": weighted, "test/routing_acc_micro": hits / offsets[-1]}
+    return {key: weighted, f"{key}_micro": hits / offsets[-1]}
