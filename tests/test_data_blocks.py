@@ -88,3 +88,35 @@ def test_twin_config_includes_its_real_config(name):
     blocks = [inc for inc in includes(name) if inc.startswith("data/")]
     assert len(blocks) == 1, f"{name} includes one data block"
     assert includes(f"{name}_synthetic") == [name, f"{blocks[0]}_synthetic"]
+
+
+@pytest.mark.parametrize("conf", ["pfedfda_cifar10_dir05", "pfedfda_cifar100", "pfedfda_cifar10s", "pfedfda_cifar100s",
+                                  "pfedfda_tinyimagenet"])
+def test_pfedfda_pools_the_official_splits_then_splits_each_client_80_20(tmp_path, conf):
+    """The official code pools train and test (60k for CIFAR) before partitioning: every image of both splits
+    lands in exactly one client, about 80% of each client's in its training split."""
+    from tests import fakes
+
+    root = tmp_path / "data"
+    cfg = load_config([f"conf={conf}", f"data.root={root}", "data.num_clients=4", "data.partition.min_client_size=1",
+                       "data.partition.balance=false"])
+    assert cfg.data.pool_splits
+    if cfg.data.name == "cifar10":
+        fakes.cifar10(root, per_batch=40, n_test=100)
+        total = 5 * 40 + 100
+    elif cfg.data.name == "cifar100":
+        fakes.cifar100(root, n_train=400, n_test=100)
+        total = 400 + 100
+    else:  # tiny-imagenet: 3 classes x 60 training images and 60 validation images
+        fakes.tinyimagenet(root, per_class=60, n_val=60)
+        total = 3 * 60 + 60
+    data = build_data(cfg)
+    assert sum(data.train_sizes()) + sum(data.test_sizes()) == total
+    assert sum(data.train_sizes()) / total == pytest.approx(0.8, abs=0.02)
+
+
+def test_feddrm_cifar20_dirichlet_is_drawn_on_the_fine_labels():
+    """FedDRM's CIFAR-20 settings partition on CIFAR-100's 100 fine labels (the official code), Dir(0.3) as
+    well as 25-SPC."""
+    for conf in ("feddrm_cifar20_dir03", "feddrm_cifar20_25spc"):
+        assert load_config([f"conf={conf}"]).data.partition.labels == "fine", conf
