@@ -4,8 +4,9 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from fl.config import ConfigError
+from fl.config import ConfigError, load_config
 from fl.core import build_model
+from fl.models.resnet import BasicBlock, resnet18_backbone
 
 
 def make(name, shape, classes=10, **model):
@@ -52,3 +53,20 @@ def test_pfedfda_cnns_match_paper_parameter_counts():
     assert count(cifar.backbone) == 106_400 and count(emnist.backbone) == 115_776
     assert cifar.backbone(torch.randn(2, 3, 32, 32)).shape == (2, 128)
     assert emnist(torch.randn(2, 1, 28, 28)).shape == (2, 62)
+
+
+@pytest.mark.parametrize("norm", ["group", "batch"])
+def test_zero_init_residual_makes_every_block_start_as_the_identity(norm):
+    """model.zero_init_residual (FedDRM's official code): the last norm of each residual branch starts at zero
+    scale, so a block with an identity shortcut maps x to relu(x); the option off leaves them at one."""
+    torch.manual_seed(0)
+    on = resnet18_backbone(3, 32, norm, 16 if norm == "group" else 0, zero_init_residual=True).eval()
+    off = resnet18_backbone(3, 32, norm, 16 if norm == "group" else 0).eval()
+    blocks = [m for m in on.modules() if isinstance(m, BasicBlock)]
+    assert len(blocks) == 8 and all(float(b.bn2.weight.abs().sum()) == 0 for b in blocks)
+    assert all(float((b.bn2.weight - 1).abs().sum()) == 0 for b in off.modules() if isinstance(b, BasicBlock))
+    identity = [b for b in blocks if isinstance(b.shortcut, torch.nn.Identity)]
+    x = torch.randn(2, 64, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(identity[0](x), torch.relu(x))
+    assert load_config(["conf=feddrm_cifar10_dir03"]).model.zero_init_residual

@@ -45,7 +45,7 @@ class BasicBlock(nn.Module):
 
 
 def resnet18_backbone(in_channels: int, image_size: int, norm_kind: str = "group", groups: int = 0,
-                      stem: str = "auto") -> nn.Sequential:
+                      stem: str = "auto", zero_init_residual: bool = False) -> nn.Sequential:
     def norm(c: int) -> nn.Module:
         return _norm(norm_kind, c, groups)
 
@@ -69,6 +69,10 @@ def resnet18_backbone(in_channels: int, image_size: int, norm_kind: str = "group
         elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
+    if zero_init_residual:  # each residual branch starts at zero: the block is the identity (then the ReLU)
+        for m in backbone.modules():
+            if isinstance(m, BasicBlock) and isinstance(m.bn2, (nn.BatchNorm2d, nn.GroupNorm)):
+                nn.init.zeros_(m.bn2.weight)
     return backbone
 
 
@@ -76,5 +80,6 @@ def resnet18_backbone(in_channels: int, image_size: int, norm_kind: str = "group
 def resnet18(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
     """CIFAR-style ResNet-18; the feature dimension is 512 whatever `model.width` says."""
     c, h, w = input_shape
-    backbone = resnet18_backbone(c, min(h, w), cfg.norm, cfg.get("groups", 0), cfg.get("stem", "auto"))
+    backbone = resnet18_backbone(c, min(h, w), cfg.norm, cfg.get("groups", 0), cfg.get("stem", "auto"),
+                                 cfg.get("zero_init_residual", False))
     return BackboneHead(backbone, 512, num_classes)
