@@ -30,6 +30,9 @@ class TrainerConfig:
     batch_size: int = param(32, ge=1)
     drop_last: bool = False
     participation: float = param(1.0, gt=0.0, le=1.0, help="fraction of clients sampled each round")
+    sampling: str = param("fixed", choices=["fixed", "bernoulli"],
+                          help="fixed: round(participation x clients) clients each round; bernoulli: each client "
+                          "independently with probability participation (a round may have none: it trains nothing)")
     eval_every: int = param(1, ge=1, help="evaluate every k rounds (and always at the last round)")
     eval_batch_size: int = param(1024, ge=1)
     checkpoint_every: int = param(5, ge=0, help="checkpoint every k rounds; 0 = only at the end")

@@ -33,12 +33,17 @@ class Interrupted(RuntimeError):
     """Ctrl-C: a checkpoint of the last completed round was written."""
 
 
-def sample_clients(seed: int, round_idx: int, num_clients: int, participation: float) -> list[int]:
-    """The clients drawn in a round: depends only on (seed, round), never on the method."""
+def sample_clients(seed: int, round_idx: int, num_clients: int, participation: float,
+                   scheme: str = "fixed") -> list[int]:
+    """The clients drawn in a round: depends only on (seed, round), never on the method.
+    fixed: exactly max(1, round(q M)) of the M clients, without replacement; bernoulli: each client independently
+    with probability q (pFedFDA's code), so a round may have any number of clients, none included."""
+    rng = np.random.default_rng(derive_seed(seed, round_idx, -1, "sample"))
+    if scheme == "bernoulli":
+        return np.flatnonzero(rng.random(num_clients) < participation).tolist()
     k = max(1, round(participation * num_clients))
     if k >= num_clients:
         return list(range(num_clients))
-    rng = np.random.default_rng(derive_seed(seed, round_idx, -1, "sample"))
     return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
 
 
@@ -122,8 +127,15 @@ class Orchestrator:
         cfg, fabric, server = self.cfg, self.fabric, self.server
         ctx = self.context(rnd)
         round_ctx = RoundContext(rnd, fabric, self.data, cfg)
-        sampled = sample_clients(cfg.seed, rnd, self.data.num_clients, cfg.trainer.participation)
+        t = cfg.trainer
+        sampled = sample_clients(cfg.seed, rnd, self.data.num_clients, t.participation, t.sampling)
         selected = server.select(rnd, sampled)
+        if not selected:  # possible under bernoulli sampling: nothing trains, the server hooks are skipped
+            metrics = {"train/clients": 0.0, "comm/bytes_up": 0.0, "comm/bytes_down": 0.0}
+            if self.is_eval_round(rnd):
+                metrics.update(self.evaluate(ctx))
+                fabric.call("on_evaluate", round_ctx, metrics)
+            return {k: float(v) for k, v in metrics.items()}
         fabric.call("on_round_start", round_ctx, selected)
 
         acc = WeightedSum()
@@ -148,13 +160,22 @@ class Orchestrator:
         metrics = self._train_metrics(results)
         metrics["comm/bytes_up"] = float(sum(r.bytes_up for r in results))
         metrics["comm/bytes_down"] = float(sum(r.bytes_down for r in results))
-        if (rnd + 1) % cfg.trainer.eval_every == 0 or rnd == cfg.trainer.rounds - 1:
-            metrics.update(evaluate_clients(ctx))
-            for evaluator in self.evaluators:
-                metrics.update(evaluator.evaluate(ctx))
+        if self.is_eval_round(rnd):
+            metrics.update(self.evaluate(ctx))
             fabric.call("on_evaluate", round_ctx, metrics)
         fabric.call("on_round_end", round_ctx, metrics)
         return {k: float(v) for k, v in metrics.items()}  # plain floats: JSON, W&B and checkpoints alike
+
+    def is_eval_round(self, rnd: int) -> bool:
+        t = self.cfg.trainer
+        return (rnd + 1) % t.eval_every == 0 or rnd == t.rounds - 1
+
+    def evaluate(self, ctx: EvalContext) -> dict[str, float]:
+        """Every client's model and the global model (fl/core/evaluation.py), then each enabled evaluator."""
+        metrics = evaluate_clients(ctx)
+        for evaluator in self.evaluators:
+            metrics.update(evaluator.evaluate(ctx))
+        return metrics
 
     # ---- local work ---------------------------------------------------------------------------
     def load_client(self, rnd: int, cid: int) -> ClientModule:
