@@ -339,3 +339,43 @@ def test_a_client_with_flipped_labels_stops_listening(out, monkeypatch):
     late = rows[2:]
     lam = [sum(r[f"client/{c}/lambda"] for r in late) / len(late) for c in range(5)]
     assert lam[0] < 0.25 * min(lam[1:]), lam
+
+
+def test_first_vote_after_delays_the_first_consensus_and_clients_send_nothing_before_it(out, monkeypatch):
+    """method.first_vote_after=6 with b = 3 steps: no vote after the first period (nothing sent, no pseudo-labels
+    in round 1), the first consensus after the second; pseudo/majority_class_share is the largest class's share."""
+    seen = []
+    train_step = FedMosaicClient.training_step
+
+    def record_step(self, batch, batch_idx):
+        seen.append((self.round, self.pseudo is not None))
+        return train_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(FedMosaicClient, "training_step", record_step)
+    rows = read_metrics(run(out, "trainer.rounds=3", "method.first_vote_after=6", name="late"))
+    assert rows[0]["comm/bytes_up"] == 0 and rows[1]["comm/bytes_up"] == 6 * 40 * (1 + 4)
+    assert "pseudo/acc_vs_hidden_truth" not in rows[0] and "pseudo/majority_class_share" in rows[1]
+    assert {p for r, p in seen if r <= 1} == {False} and {p for r, p in seen if r == 2} == {True}
+    state = ckpt(out / "outputs" / "late")["server"]
+    share = float(torch.bincount(state["pseudo"].long()).max()) / len(state["pseudo"])
+    assert rows[2]["pseudo/majority_class_share"] == pytest.approx(share)
+
+
+def test_a_collapsed_consensus_is_warned_about(out):
+    """Every client voting one class for all of U: the consensus holds one class, and the run says so."""
+    from fl.config import load_config
+    from fl.core import make_client_module
+    from fl.core.context import RoundContext
+    from fl.data import build_data
+    from fl.run.train import make_fabric
+
+    cfg = load_config(tiny(out, "method.name=fedmosaic", "data.public_size=30", "trainer.local_steps=3"))
+    fabric = make_fabric(cfg, [], [])
+    module, data = make_client_module(cfg, fabric, build_data(cfg))
+    server = CoTrainingServer(cfg)
+    server.setup(module, data)
+    n = len(data.public)
+    messages = {c: {"pred": torch.full((n,), 2, dtype=torch.uint8), "conf": torch.ones(n)} for c in range(3)}
+    with pytest.warns(UserWarning, match="consensus collapsed"):
+        server.server_step(RoundContext(0, fabric, data, cfg), {}, messages)
+    assert server.diagnostics["pseudo/majority_class_share"] == 1.0 and set(server.pseudo.tolist()) == {2}

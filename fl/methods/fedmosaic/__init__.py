@@ -18,6 +18,7 @@ with lambda = 1 and E = 1 (a majority vote).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -61,6 +62,12 @@ class CoTrainingConfig(MethodConfig):
                            "index, or a seeded random one among the tied")
     init: str = param("independent", choices=["independent", "shared"],
                       help="client models start from independent seeded initialisations (FedCT code) or one")
+    first_vote_after: Optional[int] = param(None, ge=1, help="local steps the clients take before the first vote: "
+                                            "it ends the first period that reaches them (the paper does not say; "
+                                            "null = b, the first period, as Algorithm 1 runs); until then clients "
+                                            "train on their private data alone and send nothing")
+    collapse_share: float = param(0.9, gt=0.0, le=1.0, help="warn when one class holds at least this share of the "
+                                  "pseudo-labels (pseudo/majority_class_share)")
 
 
 @dataclass
@@ -90,6 +97,16 @@ def resolve(cfg) -> None:
     if cfg.data.public_size <= 0:
         raise ConfigError(f"method.name={cfg.method.name} needs a public unlabeled set: set data.public_size > 0 "
                           "(or include a data block such as data/domainnet_hybrid30)")
+    if cfg.method.first_vote_after is not None and cfg.trainer.local_steps is None:
+        raise ConfigError("method.first_vote_after counts local steps: set trainer.local_steps (the communication "
+                          "period b)")
+
+
+def votes_after_round(cfg, rnd: int) -> bool:
+    """Whether round rnd's period ends with a vote: every period from the first by which the clients have taken
+    method.first_vote_after local steps (default: b, so from the first period on)."""
+    b = cfg.trainer.local_steps
+    return b is None or (rnd + 1) * b >= (cfg.method.first_vote_after or b)
 
 
 # ---- clients ---------------------------------------------------------------------------------------
@@ -161,6 +178,8 @@ class CoTrainingClient(ClientModule):
 
     # ---- communication ----------------------------------------------------------------------------
     def upload(self) -> Upload:
+        if not votes_after_round(self.cfg, self.round):  # before the first vote nothing is sent
+            return Upload(weight=float(self.num_train))
         preds, probs = self.predict_public()
         conf = self.confidence(preds, probs)
         return Upload(weight=float(self.num_train),
@@ -232,6 +251,9 @@ class CoTrainingServer(Server):
         return {"pseudo": self.pseudo}
 
     def server_step(self, ctx, mean: dict, messages: dict[int, dict]) -> None:
+        if not votes_after_round(self.cfg, ctx.round):
+            self.diagnostics = {}
+            return
         n, K = len(self.data.public), self.data.num_classes
         cids = sorted(messages)  # client order: the float64 sum is the same on any number of processes
         uploads = [check_upload(messages[c], n, K, c) for c in cids]
@@ -239,7 +261,14 @@ class CoTrainingServer(Server):
         scores = vote_scores(preds, confs, K)
         labels = consensus(scores, self.hp.tie_break, generator(self.cfg.seed, ctx.round, -1, "tie_break"))
         truth = self.data.public.y.cpu()  # diagnostics only; never sent to a client
-        diag = {"pseudo/acc_vs_hidden_truth": float((labels == truth).double().mean())}
+        share = float(torch.bincount(labels, minlength=K).max()) / n
+        diag = {"pseudo/acc_vs_hidden_truth": float((labels == truth).double().mean()),
+                "pseudo/majority_class_share": share}
+        if share >= self.hp.collapse_share and ctx.fabric.is_global_zero:
+            warnings.warn(f"{self.hp.name}: the consensus collapsed: one class holds at least "
+                          f"{self.hp.collapse_share:.0%} of the pseudo-labels (pseudo/majority_class_share); a vote "
+                          "taken before the clients learned anything does this (method.first_vote_after delays the "
+                          "first vote)", stacklevel=1)
         if self.pseudo is not None:
             diag["pseudo/changed_frac"] = float((labels != self.pseudo.long()).double().mean())
         won = scores[torch.arange(n), labels].sum()
