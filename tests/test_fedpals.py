@@ -158,3 +158,62 @@ def test_fedpals_needs_a_target(out, capsys):
     assert "data.target" in capsys.readouterr().err
     assert main(synth(out, "data.target.distribution=[0.5,0.6,0.1]")) == 2
     assert "sum" in capsys.readouterr().err
+
+
+# ---- lam = 0 on the boundary of the clients' hull --------------------------------------------------------
+def vertices(K: int = 4) -> np.ndarray:
+    """Client marginals with clearly separated vertices: each client mostly one class."""
+    return 0.7 * np.eye(K) + 0.3 / K
+
+
+def test_target_equal_to_a_clients_marginal_gives_that_client_alone():
+    """T = S_j for an extreme client j: the only exact match is alpha = e_j (the lam -> 0+ limit), whatever the
+    other clients' sizes; an interior-point first stage ~1e-9 inside the hull used to spread weight."""
+    S, n = vertices(), np.array([50.0, 900.0, 400.0, 700.0])
+    for j in range(4):
+        np.testing.assert_allclose(fedpals_weights(S, S[j], n, 0.0), np.eye(4)[j], atol=1e-6)
+
+
+def test_duplicated_extreme_clients_share_the_weight_in_proportion_to_their_sizes():
+    """S_0 = S_1 and T = S_0: every split of the weight between them matches T exactly; the largest ESS splits
+    it n_0 : n_1 (minimising a_0^2/n_0 + a_1^2/n_1 on a_0 + a_1 = 1)."""
+    S = np.vstack([vertices()[:1], vertices()])
+    n = np.array([30.0, 90.0, 400.0, 500.0, 600.0])
+    np.testing.assert_allclose(fedpals_weights(S, S[0], n, 0.0), [0.25, 0.75, 0, 0, 0], atol=1e-6)
+
+
+def test_target_outside_the_hull_beyond_a_vertex_projects_onto_it():
+    """T beyond the vertex S_0 (outside the hull): the projection is S_0 itself, the face holding it is {0}."""
+    S, n = vertices(), np.array([50.0, 900.0, 400.0, 700.0])
+    T = np.array([1.0, 0.0, 0.0, 0.0])
+    np.testing.assert_allclose(fedpals_weights(S, T, n, 0.0), [1, 0, 0, 0], atol=1e-6)
+
+
+def test_lam_zero_is_the_limit_of_small_lam_on_random_boundary_cases():
+    """On random problems whose target is a client's marginal (possibly duplicated) or lies beyond it, lam = 0
+    agrees with lam -> 0+ (here 1e-3 in sample-count units) and matches T at least as well. Clients are kept
+    apart (the lam -> 0 limit is reached only once lam << n ||S_k - S_j||^2, which near-duplicates defeat)."""
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        K = int(rng.integers(3, 7))
+        M = int(rng.integers(2, K + 1))  # distinct dominant classes: no near-duplicate clients (see below)
+        S = 0.8 * np.eye(K)[rng.permutation(K)[:M]] + 0.2 * rng.dirichlet(np.ones(K), M)
+        if trial % 2:
+            S[1] = S[0]
+        n = rng.integers(10, 500, M).astype(float)
+        T = S[0] if trial % 3 else np.clip(S[0] + 0.2 * (S[0] - S.mean(0)), 0, None)
+        T = T / T.sum()
+        exact, small = fedpals_weights(S, T, n, 0.0), fedpals_weights(S, T, n, 1e-3)
+        np.testing.assert_allclose(exact, small, atol=2e-3, err_msg=str(trial))
+        assert mismatch(exact, S, T) <= mismatch(small, S, T) + 1e-8
+
+
+def test_a_lam_sweep_reuses_one_compiled_problem():
+    """FedPALSQP compiles Eq. 7 once with lambda as a parameter; its solutions equal fresh solves."""
+    from fl.methods.fedpals.qp import FedPALSQP
+
+    rng = np.random.default_rng(3)
+    S, T, n = rng.dirichlet(np.ones(5), 6), rng.dirichlet(np.ones(5)), rng.integers(20, 300, 6).astype(float)
+    qp = FedPALSQP(S, T, n)
+    for lam in (0.5, 5.0, 50.0, 500.0):
+        np.testing.assert_allclose(qp.weights(lam), fedpals_weights(S, T, n, lam), atol=1e-7)

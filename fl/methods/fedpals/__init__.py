@@ -11,7 +11,7 @@ from typing import Optional
 
 from fl.config import ConfigError, MethodConfig, param
 from fl.core import Server, register_method
-from fl.methods.fedpals.qp import SOLVERS, ess, fedpals_weights, lambda_for_ess, mismatch
+from fl.methods.fedpals.qp import SOLVERS, FedPALSQP, ess, mismatch
 from fl.methods.fedprox import FedProxClient
 
 
@@ -49,10 +49,10 @@ class FedPALSServer(Server):
         key = tuple(selected)
         if key not in self._solved:  # static under full participation; cached per participant set otherwise
             S, n = self.S[list(key)], self.n[list(key)]
-            lam = self.hp.lam if self.hp.lam is not None else lambda_for_ess(S, self.T, n, self.hp.ess_frac,
-                                                                              self.hp.solver)
-            alpha = fedpals_weights(S, self.T, n, lam, self.hp.solver)
-            projection = mismatch(fedpals_weights(S, self.T, n, 0.0, self.hp.solver), S, self.T)
+            qp = FedPALSQP(S, self.T, n, self.hp.solver)  # compiled once for this set of clients
+            lam = self.hp.lam if self.hp.lam is not None else qp.lambda_for_ess(self.hp.ess_frac)
+            alpha = qp.weights(lam)
+            projection = mismatch(qp.weights(0.0), S, self.T)
             self._solved[key] = (lam, alpha, projection)
         self.selected = list(key)
         self.lam, self.alpha, self.projection = self._solved[key]
