@@ -34,3 +34,31 @@ def test_augmentations_are_seeded_and_keep_shapes():
     assert all(torch.equal(f, i) or torch.equal(f, i.flip(-1)) for f, i in zip(flipped, x))
     with pytest.raises(ValueError, match="image batches"):
         augment(torch.zeros(4, 10), ["flip"], generator(0, 0, 0, "f"))
+
+
+@pytest.mark.parametrize("size, scale, ratio", [((32, 32), (0.9, 1.0), (3 / 4, 4 / 3)),
+                                                ((32, 32), (0.08, 1.0), (3 / 4, 4 / 3)),
+                                                ((24, 40), (0.9, 1.0), (1.0, 1.0))])
+def test_resized_crop_boxes_are_torchvisions(size, scale, ratio):
+    """The box of `resized_crop` is torchvision's RandomResizedCrop.get_params draw for draw (10 tries, then the
+    centre crop): the same seed in our generator and in torch's global one gives the same box."""
+    from torchvision import transforms as T
+
+    from fl.data.augment import resized_crop_params
+
+    img = torch.zeros(3, *size)
+    for seed in range(300):
+        torch.manual_seed(seed)
+        expected = T.RandomResizedCrop.get_params(img, list(scale), list(ratio))
+        assert resized_crop_params(*size, torch.Generator().manual_seed(seed), scale, ratio) == expected, seed
+
+
+def test_resized_crop_at_feddrms_scale_crops_most_images():
+    """scale 0.9-1 on 32 px images: torchvision keeps about 9% of the images whole (a single draw with a
+    whole-image fallback kept 72%)."""
+    from fl.data.augment import resized_crop_params
+
+    gen = torch.Generator().manual_seed(0)
+    boxes = [resized_crop_params(32, 32, gen) for _ in range(4000)]
+    whole = sum(b == (0, 0, 32, 32) for b in boxes) / len(boxes)
+    assert 0.05 < whole < 0.14

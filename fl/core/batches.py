@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from fl.core.registry import AUGMENTATIONS
+from fl.core.registry import AUGMENTATIONS, load_plugins
 
 
 def batch_indices(n: int, batch_size: int, gen: torch.Generator, *, epochs: Optional[int] = None,
@@ -37,6 +37,8 @@ def augment(x: Tensor, names, gen: torch.Generator) -> Tensor:
     are not image batches [B, C, H, W] are refused."""
     if names and x.dim() != 4:
         raise ValueError(f"data.augment={list(names)} needs image batches [B, C, H, W]; got shape {tuple(x.shape)}")
+    if names:
+        load_plugins()  # fl.data registers the augmentations
     for name in names:
         x = AUGMENTATIONS[name](x, gen)
     return x

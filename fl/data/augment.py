@@ -32,22 +32,37 @@ def _crop(x: Tensor, gen: torch.Generator, pad: int = 4) -> Tensor:
     return torch.stack([padded[i, :, a:a + h, b:b + w] for i, (a, b) in enumerate(zip(dy, dx))])
 
 
+def resized_crop_params(height: int, width: int, gen: torch.Generator, scale=(0.9, 1.0),
+                        ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+    """(top, left, h, w) of a RandomResizedCrop box, drawn as torchvision's RandomResizedCrop.get_params draws it
+    (up to 10 tries of an area share and a log-uniform aspect ratio, then the centre crop), from `gen`."""
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=gen).item()
+        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=gen)).item()
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, size=(1,), generator=gen))
+            left = int(torch.randint(0, width - w + 1, size=(1,), generator=gen))
+            return top, left, h, w
+    in_ratio = width / height  # no box fitted: the centre crop, clamped to the aspect ratio range
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
 @register_augmentation("resized_crop")
 def _resized_crop(x: Tensor, gen: torch.Generator, scale=(0.9, 1.0), ratio=(3 / 4, 4 / 3)) -> Tensor:
-    """RandomResizedCrop back to the input size (FedDRM: scale 0.9-1). Follows torchvision's sampling:
-    area share and log-uniform aspect ratio, falling back to the whole image if the box does not fit."""
+    """RandomResizedCrop back to the input size (FedDRM: scale 0.9-1), each image its own box."""
     h, w = x.shape[-2:]
-    out = []
-    for img in x:
-        area = torch.empty(1).uniform_(*scale, generator=gen).item() * h * w
-        aspect = math.exp(torch.empty(1).uniform_(math.log(ratio[0]), math.log(ratio[1]), generator=gen).item())
-        ch, cw = round(math.sqrt(area / aspect)), round(math.sqrt(area * aspect))
-        if not (0 < ch <= h and 0 < cw <= w):
-            ch, cw = h, w
-        top = int(torch.randint(0, h - ch + 1, (1,), generator=gen))
-        left = int(torch.randint(0, w - cw + 1, (1,), generator=gen))
-        out.append(TF.resized_crop(img, top, left, ch, cw, [h, w], antialias=True))
-    return torch.stack(out)
+    return torch.stack([TF.resized_crop(img, *resized_crop_params(h, w, gen, scale, ratio), [h, w], antialias=True)
+                        for img in x])
 
 
 @register_augmentation("rotate")
