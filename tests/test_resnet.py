@@ -63,8 +63,8 @@ def test_zero_init_residual_makes_every_block_start_as_the_identity(norm):
     on = resnet18_backbone(3, 32, norm, 16 if norm == "group" else 0, zero_init_residual=True).eval()
     off = resnet18_backbone(3, 32, norm, 16 if norm == "group" else 0).eval()
     blocks = [m for m in on.modules() if isinstance(m, BasicBlock)]
-    assert len(blocks) == 8 and all(float(b.bn2.weight.abs().sum()) == 0 for b in blocks)
-    assert all(float((b.bn2.weight - 1).abs().sum()) == 0 for b in off.modules() if isinstance(b, BasicBlock))
+    assert len(blocks) == 8 and all(float(b.bn2.weight.detach().abs().sum()) == 0 for b in blocks)
+    assert all(float((b.bn2.weight.detach() - 1).abs().sum()) == 0 for b in off.modules() if isinstance(b, BasicBlock))
     identity = [b for b in blocks if isinstance(b.shortcut, torch.nn.Identity)]
     x = torch.randn(2, 64, 8, 8)
     with torch.no_grad():
