@@ -152,6 +152,10 @@ class ModelConfig:
     stem: str = param("auto", choices=["auto", "cifar", "imagenet"],
                       help="resnet18 stem: cifar = 3x3 conv, no max-pool; imagenet = 7x7/2 conv + 3x3/2 max-pool; "
                       "auto = cifar for inputs up to 32 px, imagenet above (pFedFDA's TinyImageNet ResNet)")
+    pretrained: Optional[str] = param(None, help="initial weights: a torchvision weights name (e.g. "
+                                      "ResNet50_Weights.IMAGENET1K_V2, read from torch's hub cache) or a state-dict "
+                                      "file; the head is refitted to the task's classes")
+    download: bool = param(False, help="let a torchvision weights name be downloaded when it is not cached")
     zero_init_residual: bool = param(False, help="resnet18: the last norm layer of each residual block starts at "
                                      "zero scale, so every block starts as the identity (FedDRM's official code)")
 

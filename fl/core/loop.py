@@ -59,7 +59,8 @@ def enabled_evaluators(cfg: DictConfig) -> list[Evaluator]:
 def make_client_module(cfg: DictConfig, fabric: Fabric, data: FederatedData) -> tuple[ClientModule, FederatedData]:
     """The method's ClientModule, seeded so every client and the server start from one model, attached to
     the run's data moved to the device in the model's dtype (index batching); returns both. The loop keeps
-    one for the whole run; a unit test can drive one client through it without a run."""
+    one for the whole run; a unit test can drive one client through it without a run. The module refers to
+    `fabric` weakly (Lightning's choice): keep the Fabric alive as long as the module is used."""
     with fabric.init_module():
         seed_torch(cfg.seed, 0, -1, "init")
         module: ClientModule = METHODS[cfg.method.name].client_cls(cfg, data)

@@ -70,4 +70,7 @@ def load_plugins() -> None:
 def build_model(cfg, input_shape: tuple, num_classes: int):
     """The configured model (`model.name`), a BackboneHead: `head(backbone(x))`."""
     load_plugins()
-    return MODELS[cfg.model.name](cfg.model, tuple(input_shape), num_classes)
+    model = MODELS[cfg.model.name](cfg.model, tuple(input_shape), num_classes)
+    if cfg.model.get("pretrained"):
+        model.load_pretrained(cfg.model.pretrained, bool(cfg.model.get("download", False)))
+    return model

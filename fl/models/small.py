@@ -6,6 +6,7 @@ import math
 from torch import Tensor, nn
 
 from fl.core.registry import register_model
+from fl.models.pretrained import load_into, state_dict_from
 
 
 class BackboneHead(nn.Module):
@@ -19,6 +20,10 @@ class BackboneHead(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.backbone(x))
+
+    def load_pretrained(self, spec: str, download: bool = False) -> None:
+        """Weights from `model.pretrained` (fl/models/pretrained.py)."""
+        load_into(self, state_dict_from(spec, download), spec)
 
 
 @register_model("cnn")

@@ -14,7 +14,7 @@ from lightning.fabric import Fabric
 from omegaconf import DictConfig
 
 from fl.config import CONF_DIR, ConfigError, load_config
-from fl.core import METHODS, Interrupted, Orchestrator, TrainingFault
+from fl.core import METHODS, Interrupted, Orchestrator, TrainingFault, build_model
 from fl.data import DataError, build_data
 from fl.report.summary import summarize_history
 from fl.run.loggers import JsonlLogger, make_wandb_logger
@@ -34,6 +34,19 @@ def _twin_hint(argv: list[str]) -> str:
     if conf and "/" not in conf and (CONF_DIR / f"{conf}_synthetic.yaml").is_file():
         return f"; to try the same protocol on embedded data: python -m fl.train conf={conf}_synthetic"
     return ""
+
+
+def check_model(cfg: DictConfig, data) -> None:
+    """Build the model (pretrained weights included) and pass two training inputs through it before anything is
+    written, so a model that cannot take the data's inputs is a configuration error, not a traceback."""
+    model = build_model(cfg, data.input_shape, data.num_classes)
+    x = data.prepare(next(c.train for c in data.clients if len(c.train)).x[:2])
+    try:
+        with torch.no_grad():
+            model.eval()(x)
+    except RuntimeError as err:
+        raise ConfigError(f"model.name={cfg.model.name!r} cannot take the inputs of data.name={cfg.data.name!r} "
+                          f"(shape {tuple(x.shape[1:])}): {str(err).splitlines()[0]}") from None
 
 
 def make_fabric(cfg: DictConfig, callbacks: list, loggers: list) -> Fabric:
@@ -57,6 +70,7 @@ def _run(argv: list[str]) -> int:
     try:
         cfg = load_config(argv)
         data = build_data(cfg)
+        check_model(cfg, data)
         server = METHODS[cfg.method.name].server_cls(cfg)
         try:  # Fabric validates accelerator / devices / strategy before anything is written
             make_fabric(cfg, [], [])
