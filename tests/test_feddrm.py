@@ -9,9 +9,10 @@ from torch import nn
 from fl.config import load_config
 from fl.core.loop import payload_bytes
 from fl.data import build_data
-from fl.methods.feddrm import FedDRMClient, FedDRMNet, el_log_weights, feddrm_loss, log_size_prior, route_scores
+from fl.methods.feddrm import FedDRMClient, FedDRMNet, feddrm_loss, log_size_prior, route_scores
+from fl.metrics.el_weights import el_log_weights
 from fl.run.train import main
-from tests.helpers import load_ckpt, read_metrics, tiny
+from tests.helpers import load_ckpt, read_metrics, run_tiny, tiny
 
 
 def test_dual_identity_two_cross_entropies_equal_the_profile_el():
@@ -157,3 +158,28 @@ def test_real_config_runs_on_fabricated_cifar10_and_names_its_twin_without_data(
     assert main(["conf=feddrm_cifar10_dir03", f"data.root={out / 'empty'}", f"logger.output_dir={out / 'o2'}",
                  "logger.wandb.mode=disabled"]) == 2
     assert capsys.readouterr().err.strip().endswith("python -m fl.train conf=feddrm_cifar10_dir03_synthetic")
+
+
+def test_the_empirical_likelihood_diagnostics_equal_a_hand_computation(out):
+    """server/el_*: from the final global model's client logits on every client's training data, by hand."""
+    from fl.config import load_config
+    from fl.core import make_client_module
+    from fl.data import build_data
+    from fl.run.train import make_fabric
+
+    run_dir = run_tiny(out, "method.name=feddrm", "trainer.rounds=2", "method.proj_dim=8", name="el")
+    row = read_metrics(run_dir)[-1]
+    cfg = load_config(tiny(out, "method.name=feddrm", "trainer.rounds=2", "method.proj_dim=8"))
+    fabric = make_fabric(cfg, [], [])
+    module, data = make_client_module(cfg, fabric, build_data(cfg))
+    module.load_state_dict(load_ckpt(run_dir)["server"]["global_params"], strict=False)
+    module.eval()
+    with torch.no_grad():
+        z = torch.cat([module.client_scores(module.make_batch(c.train, slice(None))[0])
+                       for c in data.clients]).double()
+    p = el_log_weights(z).exp()
+    n = torch.tensor(data.train_sizes(), dtype=torch.float64)
+    assert row["server/el_weight_ess_frac"] == pytest.approx(float(p.sum() ** 2 / (len(p) * (p * p).sum())), rel=1e-9)
+    assert row["server/el_weight_max_ratio"] == pytest.approx(float(len(p) * p.max()), rel=1e-9)
+    gap = float((torch.softmax(z, 1).sum(0) / n - 1).abs().max())
+    assert row["server/el_marginal_gap"] == pytest.approx(gap, rel=1e-9)

@@ -246,3 +246,22 @@ def test_embedded_domains_styles_differ():
     assert dist[~torch.eye(len(ED.STYLES), dtype=torch.bool)].min() > 10  # grey levels, RMS per pixel
     with pytest.raises(ValueError):
         ED.make_pool(num_domains=len(ED.STYLES) + 1)
+
+
+@pytest.mark.parametrize("level", ["low", "mid", "high"])
+def test_feddrm_colour_levels_reach_every_client(tmp_path, level):
+    """data.client_transform_level sets FedDRM's colour-shift intensity (Fig. 5): each client's train and test
+    images are its own transform of the untransformed split at that level."""
+    from fl.config import ConfigError, load_config
+    from fl.data import build_data
+
+    common = [f"data.root={tmp_path}", "data.num_clients=4", "data.embedded.samples_per_class=20",
+              "data.partition.min_client_size=5"]
+    plain = build_data(load_config(common))
+    shifted = build_data(load_config(common + ["data.client_transform=feddrm_color",
+                                               f"data.client_transform_level={level}"]))
+    for cid, (p, s) in enumerate(zip(plain.clients, shifted.clients)):
+        expected = T.feddrm_color(torch.cat([p.train.x, p.test.x]), cid, 4, level)
+        assert torch.equal(torch.cat([s.train.x, s.test.x]), expected)
+    with pytest.raises(ConfigError, match="has no levels"):
+        build_data(load_config(common + ["data.client_transform=cifar_s", "data.client_transform_level=low"]))

@@ -137,6 +137,10 @@ class DataConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
     client_transform: str = param("none", choices=["none", "feddrm_color", "cifar_s"],
                                   help="per-client covariate shift applied to each client's train and test data")
+    client_transform_level: str = param("auto", choices=["auto", "low", "mid", "high", "pool"],
+                                        help="feddrm_color: the shift's intensity (FedDRM Fig. 5: low, mid, high; "
+                                        "pool = the scalability pool of App. F.2.1; auto = high up to 8 clients, "
+                                        "pool above)")
     augment: list = param([], help="training-time augmentation, applied per sample on the device in this order: "
                           "flip, crop (pad 4), resized_crop (scale 0.9-1), rotate (+-30 degrees)")
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)

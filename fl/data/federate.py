@@ -246,10 +246,13 @@ def _apply_client_transform(clients: list[ClientData], d: DictConfig, seed: int)
     """Per-client covariate shift (FedDRM colour transforms, pFedFDA CIFAR-S corruptions), applied once
     to both the client's train and test data: each client's test set follows its own distribution."""
     fn = CLIENT_TRANSFORMS[d.client_transform]
+    if d.client_transform_level != "auto" and d.client_transform != "feddrm_color":
+        raise ConfigError(f"data.client_transform_level={d.client_transform_level!r} sets FedDRM's colour-shift "
+                          f"intensity; data.client_transform={d.client_transform!r} has no levels")
     for cid, c in enumerate(clients):
         if c.train.x.dtype != torch.uint8:
             raise ConfigError(f"data.client_transform={d.client_transform!r} needs uint8 images; "
                               f"data.name={d.name!r} gives {c.train.x.dtype}")
         # one call on train and test together: random corruptions (noise, blur angle) then differ per image
-        both = fn(torch.cat([c.train.x, c.test.x]), cid, len(clients), seed)
+        both = fn(torch.cat([c.train.x, c.test.x]), cid, len(clients), seed, d.client_transform_level)
         c.train.x, c.test.x = both[:len(c.train)], both[len(c.train):]

@@ -100,14 +100,6 @@ def route_scores(client_logits: Tensor, log_prior: Tensor, rule: str) -> Tensor:
     raise ValueError(f"unknown routing rule {rule!r}; choices: {', '.join(ROUTING_RULES)}")
 
 
-def el_log_weights(client_logits: Tensor) -> Tensor:
-    """Diagnostic (Sec. 2.3: p_ij of Eq. 6 with rho_l = n_l/N, Thm. 2.2): log of the empirical-likelihood
-    weights p_ij of the pooled samples, from the learned client logits z_ij (whose intercepts absorb log n_l):
-    log p_ij = -logsumexp_l z_ijl + c, with c such that sum p_ij = 1. Float64, log-sum-exp throughout."""
-    lp = -torch.logsumexp(client_logits.to(torch.float64), dim=1)
-    return lp - torch.logsumexp(lp, dim=0)
-
-
 class FedDRMClient(ClientModule):
     has_global_model = False  # the shared part has no target head of its own; the router is evaluated instead
 
