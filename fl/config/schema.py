@@ -101,6 +101,18 @@ class TargetConfig:
 
 
 @dataclass
+class NewClientsConfig:
+    """Clients held out of training and evaluated at the end (pFedFDA's Table 4): the last `count` clients."""
+    count: int = param(0, ge=0, help="the last `count` clients never train; every evaluation reports them apart "
+                       "(test/acc_new_clients) from the others (test/acc_original_clients)")
+    corruption: str = param("none", choices=["none", "motion_blur", "defocus_blur", "gaussian_noise", "shot_noise",
+                                             "impulse_noise", "frost", "fog", "brightness", "contrast",
+                                             "jpeg_compression"],
+                            help="a CIFAR-C corruption applied to all of the new clients' images")
+    severity: int = param(3, ge=1, le=5, help="its severity (Table 4: 3)")
+
+
+@dataclass
 class EmbeddedConfig:
     """The procedurally generated datasets (data.name=embedded | embedded_domains)."""
     num_classes: int = param(10, ge=2)
@@ -135,6 +147,7 @@ class DataConfig:
     drop_labels: Optional[list] = param(None, help="per client, labels removed from its data, e.g. [[0], [1], [2]]")
     public_size: int = param(0, ge=0, help="size of the unlabeled public set held out from all clients (FedMosaic)")
     target: TargetConfig = field(default_factory=TargetConfig)
+    new_clients: NewClientsConfig = field(default_factory=NewClientsConfig)
     client_transform: str = param("none", choices=["none", "feddrm_color", "cifar_s"],
                                   help="per-client covariate shift applied to each client's train and test data")
     client_transform_level: str = param("auto", choices=["auto", "low", "mid", "high", "pool"],

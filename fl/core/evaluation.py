@@ -107,6 +107,10 @@ def evaluate_clients(ctx: EvalContext) -> dict[str, float]:
             per_client.update(logits.argmax(1), y, cid)
     correct, total = per_client.counts()
     metrics = summarize_clients(correct, total, data.train_sizes())
+    if data.num_new_clients:  # held out of training: reported apart, weighted by test size
+        k = data.num_train_clients
+        for name, part in (("original", slice(0, k)), ("new", slice(k, None))):
+            metrics[f"test/acc_{name}_clients"] = float(correct[part].sum() / total[part].sum().clamp_min(1))
     acc = (correct / total.clamp_min(1)).tolist()
     metrics.update({f"client/{i}/acc": a for i, a in enumerate(acc)})
     for part in gather_objects(fabric, logs):

@@ -66,6 +66,7 @@ class FederatedData:
     std: Optional[tuple[float, ...]] = None
     class_names: list[str] = field(default_factory=list)
     domain_names: list[str] = field(default_factory=list)
+    num_new_clients: int = 0  # the last clients, held out of training (evaluated only)
 
     def prepare(self, x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """A batch as the model sees it: uint8 images become normalised floats; float inputs pass through."""
@@ -82,6 +83,11 @@ class FederatedData:
     def num_clients(self) -> int:
         return len(self.clients)
 
+    @property
+    def num_train_clients(self) -> int:
+        """Clients 0 .. num_train_clients - 1 take part in training; the rest are new clients."""
+        return len(self.clients) - self.num_new_clients
+
     def train_sizes(self) -> list[int]:
         return [len(c.train) for c in self.clients]
 
@@ -97,7 +103,8 @@ class FederatedData:
         return self.global_test if self.global_test is not None else Split.cat([c.test for c in self.clients])
 
     def pooled_train(self) -> Split:
-        return Split.cat([c.train for c in self.clients])
+        """The training data of the clients that train (new clients' data stays theirs)."""
+        return Split.cat([c.train for c in self.clients[:self.num_train_clients]])
 
     def fingerprint(self) -> str:
         """Hash of the per-client index lists: two runs with the same fingerprint used the same split."""

@@ -129,7 +129,7 @@ class Orchestrator:
         ctx = self.context(rnd)
         round_ctx = RoundContext(rnd, fabric, self.data, cfg)
         t = cfg.trainer
-        sampled = sample_clients(cfg.seed, rnd, self.data.num_clients, t.participation, t.sampling)
+        sampled = sample_clients(cfg.seed, rnd, self.data.num_train_clients, t.participation, t.sampling)
         selected = server.select(rnd, sampled)
         if not selected:  # possible under bernoulli sampling: nothing trains, the server hooks are skipped
             metrics = {"train/clients": 0.0, "comm/bytes_up": 0.0, "comm/bytes_down": 0.0}

@@ -13,7 +13,7 @@ from fl.config import ConfigError
 from fl.core import ClientData, FederatedData, Split, Target, derive_seed
 from fl.data import partition as P
 from fl.data.base import Pool
-from fl.data.transforms import CLIENT_TRANSFORMS
+from fl.data.transforms import CLIENT_TRANSFORMS, corrupt, frost_dir_default
 
 
 def _rng(seed: int, purpose: str) -> np.random.Generator:
@@ -174,6 +174,17 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
 
     if d.client_transform != "none":
         _apply_client_transform(clients, d, seed)
+    new = d.new_clients
+    if new.count >= d.num_clients:
+        raise ConfigError(f"data.new_clients.count={new.count} leaves no client to train; it must be < "
+                          f"data.num_clients={d.num_clients}")
+    if new.corruption != "none":  # Table 4: every image of the new clients, train and test alike
+        for cid in range(d.num_clients - new.count, d.num_clients):
+            c = clients[cid]
+            gen = torch.Generator().manual_seed(derive_seed(seed, 0, cid, "new-client-corruption"))
+            both = corrupt(torch.cat([c.train.x, c.test.x]), new.corruption, new.severity, gen,
+                           frost_dir=frost_dir_default())
+            c.train.x, c.test.x = both[:len(c.train)], both[len(c.train):]
     target = domain_target
     if target_dist is not None and target is None:
         allowed = None if target_taken is None else ~target_taken
@@ -187,7 +198,7 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
     return FederatedData(pool.name, K, tuple(source.x.shape[1:]), clients,
                          partition=[torch.from_numpy(np.asarray(i, dtype=np.int64)) for i in index_lists],
                          global_test=global_test, public=public, target=target, mean=pool.mean, std=pool.std,
-                         class_names=pool.class_names, domain_names=pool.domain_names)
+                         class_names=pool.class_names, domain_names=pool.domain_names, num_new_clients=new.count)
 
 
 def _per_client(values, num_clients: int, key: str) -> list:

@@ -178,7 +178,7 @@ class PFedFDAServer(Server):
 
     def select(self, round_idx: int, sampled: list[int]) -> list[int]:
         if self.hp.full_last_round and round_idx == self.cfg.trainer.rounds - 1:
-            return list(range(self.data.num_clients))
+            return list(range(self.data.num_train_clients))
         return sampled
 
     def broadcast(self, cid: int) -> dict[str, Any]:
