@@ -81,11 +81,19 @@ def test_every_real_config_with_a_twin_is_found():
     assert len(TWIN_CONFS) >= 30 and "fedacd_cifar10_dir03" in TWIN_CONFS and "fedpals" not in TWIN_CONFS
 
 
+def data_blocks(name: str) -> list:
+    """The data blocks a config includes, directly or through the configs it includes."""
+    found = []
+    for inc in includes(name):
+        found += [inc] if inc.startswith("data/") else [] if inc.startswith("protocol/") else data_blocks(inc)
+    return found
+
+
 @pytest.mark.parametrize("name", TWIN_CONFS)
 def test_twin_config_includes_its_real_config(name):
     """conf/NAME_synthetic.yaml is include: [NAME, data/X_synthetic] (X the real config's data block) plus
     overrides: the real config's protocol reaches the twin by construction."""
-    blocks = [inc for inc in includes(name) if inc.startswith("data/")]
+    blocks = data_blocks(name)
     assert len(blocks) == 1, f"{name} includes one data block"
     assert includes(f"{name}_synthetic") == [name, f"{blocks[0]}_synthetic"]
 
