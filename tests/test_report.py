@@ -246,3 +246,26 @@ def test_wandb_dashboard_offline_summaries_table_and_plots(tmp_path, monkeypatch
     assert last["data"] == [[3, 0, 0.2, 0.5], [3, 1, 0.4, 0.7]]
     images = {p.name.split("_")[0] for p in (files / "media" / "images" / "plots").glob("*.png")}
     assert {"test", "client"} <= images  # test_acc_mean_clients curve and the client/<i>/lambda trace
+
+
+def test_model_selection_picks_each_seeds_best_validated_variant_and_reports_its_test_metric(tmp_path):
+    """FedPALS' protocol: lambda chosen per seed on the target validation set; the table reports the test
+    accuracy at the selected variant's best validation round, mean ± std over seeds."""
+    from fl.report.tables import model_selection, model_selection_table
+
+    val = {(0.25, 0): 0.6, (0.25, 1): 0.9, (0.5, 0): 0.8, (0.5, 1): 0.7}  # best val of each (ess_frac, seed)
+    for (frac, seed), v in val.items():
+        fake_run(tmp_path / "runs", f"pals-{frac}-s{seed}", {"name": "fedpals", "ess_frac": frac}, seed, [0.3, 0.6],
+                 extra={"val/target_acc": lambda i, v=v: v - 0.1 * (1 - i),  # best at the last evaluation
+                        "test/target_acc": lambda i, v=v: v / 2 + 0.01 * i})
+    runs, _ = load_local([tmp_path / "runs"])
+    rows = model_selection(group_runs(runs))
+    assert len(rows) == 1 and rows[0]["method"] == "fedpals"
+    assert rows[0]["chosen"] == ["fedpals ess_frac=0.5", "fedpals ess_frac=0.25"]  # seeds 0 and 1
+    mean, std, n = rows[0]["cells"]["test/target_acc"]
+    expected = [0.8 / 2 + 0.01, 0.9 / 2 + 0.01]
+    assert n == 2 and mean == pytest.approx(sum(expected) / 2)
+    assert std == pytest.approx(abs(expected[0] - expected[1]) / 2 ** 0.5)
+    text = model_selection_table(rows)
+    assert "ess_frac=0.5 (1x), fedpals ess_frac=0.25 (1x)" in text
+    assert "## Model selection" in write_report(runs, tmp_path / "report", plots=False)["markdown"].read_text()

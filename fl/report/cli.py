@@ -27,6 +27,8 @@ from fl.report.tables import (
     group_runs,
     latex_table,
     markdown_table,
+    model_selection,
+    model_selection_table,
     sweep_metrics,
     table_rows,
 )
@@ -50,6 +52,9 @@ def write_report(runs: list[Run], out: Path, metrics: Optional[list[str]] = None
     caption = (f"Mean ± sample std over seeds. final: the last evaluation; last {k}: the mean over the last {k} "
                "evaluations; @best val: at the round with the best target validation accuracy.")
     lines = [f"# {title}", "", caption, "", md]
+    selected = model_selection_table(model_selection(groups))
+    if selected:
+        lines += ["## Model selection", "", selected]
     lines += [f"![{name}](plots/{p.name})" for name, p in figures]
     if notes:
         lines += ["", *[f"- {n}" for n in notes]]

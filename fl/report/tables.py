@@ -96,6 +96,46 @@ def table_rows(groups: dict, metrics: list[str]) -> list[dict]:
     return rows
 
 
+def model_selection(groups: dict, val: str = "val/target_acc") -> list[dict]:
+    """The papers' model selection over a hyperparameter grid (FedPALS' lambda): for each (setting, method) and
+    seed, the variant whose best validation value (`val`) is highest, and its test metrics at that round
+    (summary.json's at_best_val); mean ± std over seeds. Only methods run with several variants that log `val`."""
+    by: dict[tuple[str, str], dict[Any, list[Run]]] = {}
+    for (setting, _), runs in groups.items():
+        for r in runs:
+            if val in r.summary.get("best", {}):
+                name = str(r.config.get("method.name", r.summary.get("method", "?")))
+                by.setdefault((setting, name), {}).setdefault(r.seed, []).append(r)
+    rows = []
+    for (setting, name), seeds in by.items():
+        if len({r.method for rs in seeds.values() for r in rs}) < 2:
+            continue
+        chosen = {seed: max(rs, key=lambda r: r.summary["best"][val]) for seed, rs in seeds.items()}
+        keys = sorted({k for r in chosen.values() for k in r.summary.get("at_best_val", {}) if k.startswith("test/")})
+        rows.append({"setting": setting, "method": name, "seeds": sorted(chosen, key=str), "val": val,
+                     "chosen": [chosen[seed].method for seed in sorted(chosen, key=str)],
+                     "cells": {k: mean_std([r.summary.get("at_best_val", {}).get(k) for r in chosen.values()])
+                               for k in keys}})
+    return rows
+
+
+def model_selection_table(rows: list[dict]) -> str:
+    """The model-selected results as Markdown: one row per (setting, method), the variants chosen per seed."""
+    if not rows:
+        return ""
+    keys = sorted({k for r in rows for k in r["cells"]})
+    head = ["setting", "method", "seeds", *keys, "chosen (per seed)"]
+    lines = [f"Selected per seed on the best {rows[0]['val']} over the method's variants; test metrics at that "
+             "round, mean ± sample std over seeds.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        counts = {v: r["chosen"].count(v) for v in dict.fromkeys(r["chosen"])}
+        chosen = ", ".join(f"{v} ({n}x)" for v, n in counts.items())
+        cells = [r["setting"], r["method"], str(len(r["seeds"])),
+                 *[fmt_stat(r["cells"][k]) if k in r["cells"] else "—" for k in keys], chosen]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def fmt_stat(stat: tuple, latex: bool = False, digits: int = 4) -> str:
     mean, std, n = stat
     if n == 0:
