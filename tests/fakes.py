@@ -150,3 +150,22 @@ def arrays(path: Path, **arrays) -> Path:
     else:
         torch.save({k: torch.as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}, path)
     return path
+
+
+def iwildcam(root: Path, cameras: dict[str, list[int]], per_camera: int = 4, num_classes: int = 5) -> dict:
+    """iwildcam_v2.0/: metadata.csv (WILDS' columns) and train/<filename> JPEGs. `cameras` maps a WILDS split
+    (train, val, test, id_test, ...) to its camera ids (location_remapped); each camera gets `per_camera`
+    images with labels cycling through `num_classes` (offset by the camera, so cameras differ)."""
+    base = Path(root) / "iwildcam_v2.0"
+    rows = ["split,location_remapped,y,filename,sequence"]
+    labels: dict[str, list[int]] = {}
+    for split, cams in cameras.items():
+        for cam in cams:
+            for i in range(per_camera):
+                name = f"{split}_{cam}_{i}.jpg"
+                y = (cam + i) % num_classes
+                _image(base / "train" / name, 30 + i, 40, 3, seed=1000 * cam + i)
+                rows.append(f"{split},{cam},{y},{name},seq{cam}")
+                labels.setdefault(split, []).append(y)
+    (base / "metadata.csv").write_text("\n".join(rows) + "\n")
+    return {"labels": labels}

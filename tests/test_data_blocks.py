@@ -15,7 +15,7 @@ from fl.data import build_data
 
 BLOCKS = sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml") if not p.stem.endswith("_synthetic"))
 SIZE_KEYS = {"name", "variant", "pool_splits", "embedded", "public_size", "partition.samples_per_client",
-             "partition.labels"}
+             "target.val_size", "partition.labels"}
 # conf/NAME_synthetic.yaml with a conf/NAME.yaml beside it (fedpals_synthetic and hybrid_synthetic are settings
 # of their own, not twins).
 TWIN_CONFS = sorted(p.stem.removesuffix("_synthetic") for p in CONF_DIR.glob("*_synthetic.yaml")

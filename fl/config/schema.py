@@ -68,7 +68,9 @@ class FabricConfig:
 @dataclass
 class PartitionConfig:
     """How the pool is split over the clients (fl/data/partition.py)."""
-    name: str = param("dirichlet", choices=["iid", "dirichlet", "dirichlet_per_client", "classes", "shards", "domains"])
+    name: str = param("dirichlet", choices=["iid", "dirichlet", "dirichlet_per_client", "classes", "shards", "domains",
+                                            "domain_groups"],
+                      help="domain_groups: whole domains dealt to the clients (FedPALS' iWildCam: cameras)")
     alpha: float = param(0.5, gt=0.0, help="concentration of the Dirichlet label split")
     balance: bool = param(False, help="dirichlet: a client already holding N/M samples gets no more (fedlab)")
     min_client_size: int = param(10, ge=1, help="dirichlet: the split is redrawn until every client has this many "
@@ -91,7 +93,8 @@ class PartitionConfig:
 @dataclass
 class TargetConfig:
     """A target client with its own label distribution (FedPALS): validation and test data follow it."""
-    distribution: Any = param(None, help="null, 'partition' (one more partition is the target) or K probabilities")
+    distribution: Any = param(None, help="null, 'partition' (one more partition is the target), 'test' (the "
+                              "official test split's label marginal, FedPALS' iWildCam) or K probabilities")
     domain: Optional[str] = param(None, help="hold this domain out as the target client (FedPALS' PACS)")
     val_size: int = param(500, ge=1, help="target validation samples (from the official test split) when "
                           "data.target.distribution is a list of probabilities")
@@ -116,7 +119,8 @@ class NewClientsConfig:
 class EmbeddedConfig:
     """The procedurally generated datasets (data.name=embedded | embedded_domains)."""
     num_classes: int = param(10, ge=2)
-    num_domains: int = param(4, ge=1, le=6, help="embedded_domains: number of visual styles")
+    num_domains: int = param(4, ge=1, help="embedded_domains: number of domains (6 visual styles; more domains "
+                             "repeat a style with their own random stream, like more cameras)")
     samples_per_class: int = param(300, ge=4, help="embedded: images per class; embedded_domains: training "
                                    "images per class and domain (a third as many test images)")
     channels: int = param(3, ge=1)

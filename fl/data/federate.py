@@ -27,14 +27,15 @@ def _keys(split: Split, num_classes: int) -> np.ndarray:
 
 
 def parse_target(target, num_classes: int) -> Optional[np.ndarray]:
-    """`data.target.distribution`: null, "partition" (one more partition made like the clients'), or K probabilities."""
+    """`data.target.distribution`: null, "partition" (one more partition made like the clients'), or K
+    probabilities ("test" is resolved by federate, which has the test split)."""
     if target is None or target == "partition":
         return None
     try:
         t = np.asarray(list(target), dtype=np.float64)
     except (TypeError, ValueError):
-        raise ConfigError(f"data.target.distribution={target!r} must be null, 'partition' or a list of {num_classes} "
-                          "probabilities") from None
+        raise ConfigError(f"data.target.distribution={target!r} must be null, 'partition', 'test' or a list of "
+                          f"{num_classes} probabilities") from None
     if t.shape != (num_classes,) or (t < 0).any() or abs(t.sum() - 1) > 1e-6:
         raise ConfigError(f"data.target.distribution must have {num_classes} non-negative entries summing to 1; "
                           f"got {len(t)} entries summing to {t.sum():.4g}")
@@ -70,6 +71,15 @@ def partition_positions(labels: np.ndarray, domains: Optional[np.ndarray], d: Di
         return P.dirichlet_per_client(labels, num_parts, p.alpha, rng, size)
     if p.name == "classes":
         return P.classes(labels, num_parts, p.classes_per_client, rng, p.class_assignment)
+    if p.name == "domain_groups":  # whole domains, shuffled and dealt round-robin (Bai et al.'s iWildCam split)
+        if domains is None:
+            raise ConfigError(f"data.partition.name=domain_groups needs a dataset with domains; data.name={d.name!r} "
+                              "has none")
+        doms = rng.permutation(np.unique(domains))
+        if len(doms) < num_parts:
+            raise ConfigError(f"data.partition.name=domain_groups deals whole domains to clients: data.num_clients="
+                              f"{num_parts} exceeds the {len(doms)} domains of data.name={d.name!r}")
+        return [np.flatnonzero(np.isin(domains, doms[c::num_parts])) for c in range(num_parts)]
     if p.name == "shards":
         return P.shards(labels, num_parts, p.shards_per_client, rng)
     # domains: clients_per_domain clients per domain, with `within_domain` skew inside each domain
@@ -92,8 +102,15 @@ def partition_positions(labels: np.ndarray, domains: Optional[np.ndarray], d: Di
 
 def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
     K = pool.num_classes
-    target_dist = parse_target(d.target.distribution, K)
     source, official = pool.train, pool.test
+    if d.target.distribution == "test":  # the official test split's label marginal (FedPALS' iWildCam)
+        if official is None:
+            raise ConfigError(f"data.target.distribution=test needs a dataset with a test split; data.name={d.name!r} "
+                              "has none")
+        counts = np.bincount(official.y.numpy(), minlength=K).astype(np.float64)
+        target_dist = counts / counts.sum()
+    else:
+        target_dist = parse_target(d.target.distribution, K)
     fine = pool.fine_labels
     if d.pool_splits and official is not None:  # FedDRM partitions the pooled train+test data
         source, official = Split.cat([pool.train, official]), None
