@@ -244,8 +244,17 @@ def test_embedded_domains_styles_differ():
     means = torch.stack([pool.train.x[pool.train.domain == d].double().mean(0) for d in range(len(ED.STYLES))])
     dist = torch.cdist(means.flatten(1), means.flatten(1)) / math.sqrt(means[0].numel())
     assert dist[~torch.eye(len(ED.STYLES), dtype=torch.bool)].min() > 10  # grey levels, RMS per pixel
-    with pytest.raises(ValueError):
-        ED.make_pool(num_domains=len(ED.STYLES) + 1)
+    with pytest.raises(ValueError, match="num_domains"):
+        ED.make_pool(num_domains=0)
+
+
+def test_embedded_domains_past_the_six_styles_are_new_draws_of_them():
+    """Domain d >= 6 (iWildCam's many cameras) is style d mod 6 painted from its own stream."""
+    k = len(ED.STYLES)
+    pool = small_pool(num_domains=k + 1, num_classes=2)
+    assert pool.domain_names[k] == f"{ED.STYLES[0]}1"
+    first, extra = (pool.train.x[pool.train.domain == d] for d in (0, k))
+    assert first.shape == extra.shape and not torch.equal(first, extra)
 
 
 @pytest.mark.parametrize("level", ["low", "mid", "high"])

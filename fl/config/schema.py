@@ -158,8 +158,13 @@ class DataConfig:
                                         help="feddrm_color: the shift's intensity (FedDRM Fig. 5: low, mid, high; "
                                         "pool = the scalability pool of App. F.2.1; auto = high up to 8 clients, "
                                         "pool above)")
+    client_transform_after_augment: bool = param(False, help="apply the client transform to each batch after "
+                                                 "data.augment (FedDRM's official order: crop, then colour) instead "
+                                                 "of once to the stored images; deterministic transforms only")
     augment: list = param([], help="training-time augmentation, applied per sample on the device in this order: "
                           "flip, crop (pad 4), resized_crop (scale 0.9-1), rotate (+-30 degrees)")
+    eval_augment: bool = param(False, help="augment evaluation batches too (seeded per batch), as FedDRM's "
+                               "official code crops its test images at random; off: evaluation is deterministic")
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
 
 

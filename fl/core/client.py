@@ -158,11 +158,14 @@ class ClientModule(L.LightningModule):
 
     def make_batch(self, split: Split, idx, augment_gen: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor]:
         """(x, y) of `split[idx]` on the device, normalised in the model's dtype; with a generator, augmented
-        first (`data.augment`), as training batches are."""
+        first (`data.augment`), as training batches are, then shifted by its owner's client transform when
+        the split has owners (`data.client_transform_after_augment`)."""
         device = self.fabric.device if self.fabric is not None else next(self.parameters()).device
         x, y = split.x[idx].to(device, non_blocking=True), split.y[idx].to(device, non_blocking=True)
         if augment_gen is not None:
             x = augment(x, self.cfg.data.augment, augment_gen)
+        if split.owner is not None:
+            x = self.data.batch_transform(x, split.owner[idx])
         return self.data.prepare(x, self._input_dtype), y
 
     def fit_local(self, optimizer, *, epochs: Optional[int] = None, steps: Optional[int] = None,
@@ -226,9 +229,10 @@ class ClientModule(L.LightningModule):
                   batch_size: Optional[int] = None, start: int = 0, stride: int = 1,
                   autocast: bool = True) -> Iterator[tuple[Tensor, Tensor]]:
         """(fn(x), y) for consecutive batches of `split` (default fn: `predict`), in eval mode, without
-        gradients and without augmentation; batches start, start + stride, ... of `batch_size`
-        (`trainer.eval_batch_size`), so processes can share a pass. The train/eval mode is restored
-        once the pass is consumed."""
+        gradients and without augmentation unless `data.eval_augment` (then each batch's draws are seeded by
+        its position, so any split of the pass over processes draws the same); batches start, start + stride,
+        ... of `batch_size` (`trainer.eval_batch_size`), so processes can share a pass. The train/eval mode is
+        restored once the pass is consumed."""
         fn = fn or self.predict
         bs = batch_size or self.cfg.trainer.eval_batch_size
         was_training = self.training
@@ -236,7 +240,9 @@ class ClientModule(L.LightningModule):
         try:
             for begin in range(start * bs, len(split), stride * bs):
                 with torch.no_grad(), self.fabric.autocast() if autocast else contextlib.nullcontext():
-                    x, y = self.make_batch(split, slice(begin, begin + bs))
+                    aug = generator(self.cfg.seed, self.round, self.cid, f"eval/augment/{begin}") \
+                        if self.cfg.data.eval_augment and self.cfg.data.augment else None
+                    x, y = self.make_batch(split, slice(begin, begin + bs), aug)
                     out = fn(x)
                 yield out, y
         finally:

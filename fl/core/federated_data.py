@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -14,10 +15,12 @@ from torch import Tensor
 @dataclass
 class Split:
     """Inputs, labels and (optionally) a domain id per sample. Images may be stored as uint8 [N, C, H, W];
-    `FederatedData.prepare` turns a batch into normalised floats."""
+    `FederatedData.prepare` turns a batch into normalised floats. `owner` (per sample, optional) names the
+    client whose covariate shift `FederatedData.batch_transform` applies to each batch of these samples."""
     x: Tensor
     y: Tensor
     domain: Optional[Tensor] = None
+    owner: Optional[Tensor] = None
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -25,16 +28,21 @@ class Split:
     def to(self, device, dtype: Optional[torch.dtype] = None) -> Split:
         """Move to `device`; floating inputs are cast to `dtype` (the model's, e.g. float64 under 64-true)."""
         x = self.x.to(device, dtype) if dtype is not None and self.x.is_floating_point() else self.x.to(device)
-        return Split(x, self.y.to(device), None if self.domain is None else self.domain.to(device))
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Split(x, self.y.to(device), move(self.domain), move(self.owner))
 
     def subset(self, idx: Tensor) -> Split:
-        return Split(self.x[idx], self.y[idx], None if self.domain is None else self.domain[idx])
+        pick = lambda t: None if t is None else t[idx]  # noqa: E731
+        return Split(self.x[idx], self.y[idx], pick(self.domain), pick(self.owner))
 
     @staticmethod
     def cat(splits: list[Split]) -> Split:
-        domains = [s.domain for s in splits]
-        domain = None if any(d is None for d in domains) else torch.cat(domains)
-        return Split(torch.cat([s.x for s in splits]), torch.cat([s.y for s in splits]), domain)
+        owners = [s.owner for s in splits]
+        if any(o is None for o in owners) and not all(o is None for o in owners):
+            raise ValueError("cannot pool splits whose batches are transformed per owner with splits that are not")
+        join = lambda ts: None if any(t is None for t in ts) else torch.cat(ts)  # noqa: E731
+        return Split(torch.cat([s.x for s in splits]), torch.cat([s.y for s in splits]),
+                     join([s.domain for s in splits]), join(owners))
 
 
 @dataclass
@@ -67,6 +75,9 @@ class FederatedData:
     class_names: list[str] = field(default_factory=list)
     domain_names: list[str] = field(default_factory=list)
     num_new_clients: int = 0  # the last clients, held out of training (evaluated only)
+    # (uint8 batch, owner per sample) -> batch: a covariate shift applied after augmentation to batches of
+    # splits with an `owner` (data.client_transform_after_augment), as pipelines that crop first do
+    batch_transform: Optional[Callable[[Tensor, Tensor], Tensor]] = field(default=None, repr=False)
 
     def prepare(self, x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """A batch as the model sees it: uint8 images become normalised floats; float inputs pass through."""

@@ -3,11 +3,13 @@ scarcity, covariate transforms. Every draw comes from the run's partition seed, 
 so switching one option (say, a public set) does not reshuffle the others."""
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import numpy as np
 import torch
 from omegaconf import DictConfig
+from torch import Tensor
 
 from fl.config import ConfigError
 from fl.core import ClientData, FederatedData, Split, Target, derive_seed
@@ -189,8 +191,7 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
         clients.append(ClientData(train, test, dom))
         index_lists += [train_pos, test_pos]
 
-    if d.client_transform != "none":
-        _apply_client_transform(clients, d, seed)
+    batch_transform = _apply_client_transform(clients, d, seed) if d.client_transform != "none" else None
     new = d.new_clients
     if new.count >= d.num_clients:
         raise ConfigError(f"data.new_clients.count={new.count} leaves no client to train; it must be < "
@@ -215,7 +216,8 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
     return FederatedData(pool.name, K, tuple(source.x.shape[1:]), clients,
                          partition=[torch.from_numpy(np.asarray(i, dtype=np.int64)) for i in index_lists],
                          global_test=global_test, public=public, target=target, mean=pool.mean, std=pool.std,
-                         class_names=pool.class_names, domain_names=pool.domain_names, num_new_clients=new.count)
+                         class_names=pool.class_names, domain_names=pool.domain_names, num_new_clients=new.count,
+                         batch_transform=batch_transform)
 
 
 def _per_client(values, num_clients: int, key: str) -> list:
@@ -270,17 +272,48 @@ def _follow_target(parts: list[np.ndarray], labels: np.ndarray, avail: np.ndarra
     return out
 
 
-def _apply_client_transform(clients: list[ClientData], d: DictConfig, seed: int) -> None:
-    """Per-client covariate shift (FedDRM colour transforms, pFedFDA CIFAR-S corruptions), applied once
-    to both the client's train and test data: each client's test set follows its own distribution."""
+def _apply_client_transform(clients: list[ClientData], d: DictConfig, seed: int):
+    """Per-client covariate shift (FedDRM colour transforms, pFedFDA CIFAR-S corruptions) of both the
+    client's train and test data: each client's test set follows its own distribution. Applied once to the
+    stored images, or, with `data.client_transform_after_augment`, to each batch after its augmentation;
+    then the batch transform is returned (test images not augmented at evaluation are still shifted once:
+    the same images)."""
     fn = CLIENT_TRANSFORMS[d.client_transform]
     if d.client_transform_level != "auto" and d.client_transform != "feddrm_color":
         raise ConfigError(f"data.client_transform_level={d.client_transform_level!r} sets FedDRM's colour-shift "
                           f"intensity; data.client_transform={d.client_transform!r} has no levels")
+    per_batch = d.client_transform_after_augment
+    if per_batch and d.client_transform != "feddrm_color":
+        raise ConfigError(f"data.client_transform_after_augment=true re-applies the transform to every batch, so it "
+                          f"needs a deterministic one (feddrm_color); data.client_transform={d.client_transform!r} "
+                          "draws random corruptions")
+    if per_batch and d.new_clients.corruption != "none":
+        raise ConfigError("data.new_clients.corruption corrupts the stored images, which must come after the client "
+                          "transform: use it with data.client_transform_after_augment=false")
+    num_clients, level = len(clients), d.client_transform_level
     for cid, c in enumerate(clients):
         if c.train.x.dtype != torch.uint8:
             raise ConfigError(f"data.client_transform={d.client_transform!r} needs uint8 images; "
                               f"data.name={d.name!r} gives {c.train.x.dtype}")
+        if per_batch:
+            c.train.owner = torch.full((len(c.train),), cid, dtype=torch.int64)
+            if d.eval_augment:
+                c.test.owner = torch.full((len(c.test),), cid, dtype=torch.int64)
+            else:
+                c.test.x = fn(c.test.x, cid, num_clients, seed, level)
+            continue
         # one call on train and test together: random corruptions (noise, blur angle) then differ per image
-        both = fn(torch.cat([c.train.x, c.test.x]), cid, len(clients), seed, d.client_transform_level)
+        both = fn(torch.cat([c.train.x, c.test.x]), cid, num_clients, seed, level)
         c.train.x, c.test.x = both[:len(c.train)], both[len(c.train):]
+    if per_batch:
+        return functools.partial(_shift_by_owner, fn, num_clients, seed, level)
+    return None
+
+
+def _shift_by_owner(fn, num_clients: int, seed: int, level: str, x: Tensor, owner: Tensor) -> Tensor:
+    """Each sample of the batch shifted by its owner's transform."""
+    out = x.clone()
+    for cid in owner.unique().tolist():
+        rows = owner == cid
+        out[rows] = fn(x[rows], cid, num_clients, seed, level).to(out.device)
+    return out
