@@ -116,7 +116,7 @@ def test_routing_rules_on_hand_made_logits():
 
 def test_module_routes_with_its_client_head(out):
     for rule in ("posterior", "density_ratio"):
-        cfg = load_config(tiny(out, "method.name=feddrm", f"method.routing={rule}", "method.proj_dim=8"))
+        cfg = load_config(tiny(out, "method.name=feddrm", f"method.routing={rule}", "model.proj_dim=8"))
         data = build_data(cfg)
         module = FedDRMClient(cfg, data)
         x = data.prepare(data.clients[0].test.x[:5])
@@ -128,7 +128,7 @@ def test_module_routes_with_its_client_head(out):
 
 
 def test_private_head_never_leaves_the_client(out):
-    assert main(tiny(out, "method.name=feddrm", "method.proj_dim=8", "trainer.participation=1.0",
+    assert main(tiny(out, "method.name=feddrm", "model.proj_dim=8", "trainer.participation=1.0",
                      "trainer.rounds=2", "logger.run_name=drm")) == 0
     run_dir = out / "outputs" / "drm"
     ckpt = load_ckpt(run_dir)
@@ -167,9 +167,9 @@ def test_the_empirical_likelihood_diagnostics_equal_a_hand_computation(out):
     from fl.data import build_data
     from fl.run.train import make_fabric
 
-    run_dir = run_tiny(out, "method.name=feddrm", "trainer.rounds=2", "method.proj_dim=8", name="el")
+    run_dir = run_tiny(out, "method.name=feddrm", "trainer.rounds=2", "model.proj_dim=8", name="el")
     row = read_metrics(run_dir)[-1]
-    cfg = load_config(tiny(out, "method.name=feddrm", "trainer.rounds=2", "method.proj_dim=8"))
+    cfg = load_config(tiny(out, "method.name=feddrm", "trainer.rounds=2", "model.proj_dim=8"))
     fabric = make_fabric(cfg, [], [])
     module, data = make_client_module(cfg, fabric, build_data(cfg))
     module.load_state_dict(load_ckpt(run_dir)["server"]["global_params"], strict=False)

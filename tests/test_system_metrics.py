@@ -66,7 +66,7 @@ def _by_hand(args, method):
 
 @pytest.mark.parametrize("method, extra", [("feddrm", ["method.routing=density_ratio"]), ("fedper", [])])
 def test_system_metrics_equal_a_hand_computation(out, method, extra):
-    args = tiny(out, f"method.name={method}", "trainer.participation=1.0", "trainer.rounds=2", "method.proj_dim=8"
+    args = tiny(out, f"method.name={method}", "trainer.participation=1.0", "trainer.rounds=2", "model.proj_dim=8"
                 if method == "feddrm" else "model.norm=group", *extra, f"logger.run_name={method}")
     assert main(args) == 0
     row = read_metrics(out / "outputs" / method)[-1]

@@ -40,6 +40,7 @@ MOVED_KEYS = {
                                                     "noise")},
     "trainer.adaptability_every": "evaluators.adaptability.every",
     "trainer.kl_tau": "evaluators.adaptability.kl_tau",
+    "method.proj_dim": "model.proj_dim",  # FedDRM's projections and its baselines' share one width
 }
 # Groups that were single values: `data.partition=dirichlet` is now `data.partition.name=dirichlet`.
 BECAME_GROUPS = {"data.partition": "data.partition.name", "data.target": "data.target.distribution"}
@@ -212,6 +213,10 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(choices_msg("trainer.evaluators", name, registry.EVALUATORS))
     if cfg.model.name not in registry.MODELS:
         raise ConfigError(choices_msg("model.name", cfg.model.name, registry.MODELS))
+    after = cfg.finetune.after_round
+    if after is not None and after >= cfg.trainer.rounds:
+        raise ConfigError(f"finetune.after_round={after} leaves no fine-tuning round: it must be < "
+                          f"trainer.rounds={cfg.trainer.rounds}")
     if cfg.trainer.local_steps is None and cfg.trainer.local_epochs is None:
         raise ConfigError("trainer.local_epochs and trainer.local_steps are both null; set one of them")
     if cfg.fabric.strategy.startswith("ddp") and cfg.fabric.accelerator == "cpu" and cfg.fabric.precision not in (

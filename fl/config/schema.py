@@ -53,6 +53,17 @@ class OptimConfig:
 
 
 @dataclass
+class FinetuneConfig:
+    after_round: Optional[int] = param(None, ge=0, help="rounds from this one on are local fine-tuning: no "
+                                       "aggregation, each client trains its own copy of the global model with plain "
+                                       "cross-entropy (FedDRM's FT baselines: 700 of 800 rounds); null = off")
+    lr: Optional[float] = param(None, gt=0.0, help="fine-tuning learning rate (these rounds and FedAvg-FT's "
+                                "fine-tuning before evaluation); null = the rate optim.round_schedule gives the round")
+    schedule: str = param("constant", choices=["constant", "cosine"],
+                          help="with finetune.lr: constant, or cosine from it to 0 over the fine-tuning rounds")
+
+
+@dataclass
 class FabricConfig:
     accelerator: str = param("cpu", choices=["cpu", "cuda", "gpu", "mps", "auto"])
     devices: Any = 1
@@ -182,6 +193,9 @@ class ModelConfig:
                                       "ResNet50_Weights.IMAGENET1K_V2, read from torch's hub cache) or a state-dict "
                                       "file; the head is refitted to the task's classes")
     download: bool = param(False, help="let a torchvision weights name be downloaded when it is not cached")
+    proj_dim: int = param(0, ge=0, help="width of a Linear+LayerNorm+ReLU projection between the backbone and the "
+                          "head, part of the shared backbone (FedDRM's network: 512 -> 256, for FedDRM and its "
+                          "baselines); 0 = the head on the backbone's features")
     zero_init_residual: bool = param(False, help="resnet18: the last norm layer of each residual block starts at "
                                      "zero scale, so every block starts as the identity (FedDRM's official code)")
 
@@ -215,6 +229,7 @@ class Config:
     seed: int = param(0, ge=0)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -6,7 +6,7 @@ from fl.core.context import EvalContext, RoundContext
 from fl.core.evaluation import Evaluator, GroupedAccuracy, summarize_clients
 from fl.core.federated_data import ClientData, FederatedData, Split, Target
 from fl.core.loop import Interrupted, Orchestrator, TrainingFault, make_client_module, sample_clients
-from fl.core.optim import build_optimizer, round_lr
+from fl.core.optim import build_optimizer, finetune_lr, round_lr
 from fl.core.registry import (
                               METHODS,
                               MethodSpec,
@@ -24,6 +24,6 @@ from fl.core.server import Server
 __all__ = ["METHODS", "MethodSpec", "build_model", "load_plugins", "register_augmentation", "register_dataset",
            "register_evaluator", "register_method", "register_model", "derive_seed", "generator", "seed_torch",
            "ClientData", "FederatedData", "Split", "Target", "augment", "batch_indices", "build_optimizer",
-           "round_lr", "HEAD", "ClientModule", "Upload", "EvalContext", "RoundContext", "Server", "Evaluator",
-           "GroupedAccuracy", "summarize_clients", "Interrupted", "Orchestrator", "TrainingFault", "make_client_module",
-           "sample_clients"]
+           "finetune_lr", "round_lr", "HEAD", "ClientModule", "Upload", "EvalContext", "RoundContext", "Server",
+           "Evaluator", "GroupedAccuracy", "summarize_clients", "Interrupted", "Orchestrator", "TrainingFault",
+           "make_client_module", "sample_clients"]

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from fl.core.batches import augment, batch_indices
 from fl.core.federated_data import FederatedData, Split
-from fl.core.optim import build_optimizer, round_lr
+from fl.core.optim import build_optimizer, finetune_lr, round_lr
 from fl.core.registry import build_model
 from fl.core.seeding import generator, seed_torch
 
@@ -85,6 +85,7 @@ class ClientModule(L.LightningModule):
         self._initial_persistent: dict[str, Any] = {}
         self._local_optimizer = None  # the optimizer of the running fit_local
         self._input_dtype = torch.float32
+        self.finetuning = False  # set by the loop in the fine-tuning rounds (`finetune.after_round`)
 
     def attach(self, data: FederatedData) -> None:
         """Called once by the loop: the run's data, on the training device, in the model's dtype."""
@@ -93,8 +94,8 @@ class ClientModule(L.LightningModule):
 
     @property
     def lr(self) -> float:
-        """This round's learning rate (`optim.round_schedule`)."""
-        return round_lr(self.cfg, self.round)
+        """This round's learning rate (`optim.round_schedule`; `finetune.*` in the fine-tuning rounds)."""
+        return finetune_lr(self.cfg, self.round) if self.finetuning else round_lr(self.cfg, self.round)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
@@ -104,11 +105,14 @@ class ClientModule(L.LightningModule):
         """True for state_dict entries that never leave the client (e.g. a personal head)."""
         return False
 
+    def _kept(self, key: str) -> bool:
+        return self.finetuning or self.is_private(key)  # a fine-tuned model is the client's own, all of it
+
     def shared_state(self) -> dict[str, Tensor]:
-        return {k: v for k, v in self.state_dict().items() if not self.is_private(k)}
+        return {k: v for k, v in self.state_dict().items() if not self._kept(k)}
 
     def private_state(self) -> dict[str, Tensor]:
-        return {k: v for k, v in self.state_dict().items() if self.is_private(k)}
+        return {k: v for k, v in self.state_dict().items() if self._kept(k)}
 
     def snapshot_initial_state(self) -> None:
         """Called once after initialisation: a client's private part and persistent attributes start from
@@ -169,12 +173,14 @@ class ClientModule(L.LightningModule):
         return self.data.prepare(x, self._input_dtype), y
 
     def fit_local(self, optimizer, *, epochs: Optional[int] = None, steps: Optional[int] = None,
-                  purpose: str = "train", hooks: bool = True) -> dict[str, float]:
+                  purpose: str = "train", hooks: bool = True,
+                  step: Optional[Callable[[tuple[Tensor, Tensor], int], Any]] = None) -> dict[str, float]:
         """Run `training_step` over this client's training split, `epochs` passes or `steps` batches, with
         batches, augmentation and torch's RNG seeded by (seed, round, client, purpose). With
         `automatic_optimization` each step is zero_grad / backward / step of `optimizer`; otherwise the step
         does it through `self.optimizers()`. `hooks=False` skips the on_local_* hooks (a phase inside
-        them). Returns the mean of the logged scalars."""
+        them). `step` replaces `training_step` (always optimized automatically). Returns the mean of the logged
+        scalars."""
         fabric, t, seed = self.fabric, self.cfg.trainer, self.cfg.seed
         train = self.train_split(self.data, self.cid)
         self.num_train = len(train)
@@ -182,6 +188,7 @@ class ClientModule(L.LightningModule):
         seed_torch(seed, self.round, self.cid, purpose)
         gen = generator(seed, self.round, self.cid, purpose)
         aug = generator(seed, self.round, self.cid, purpose + "/augment") if self.cfg.data.augment else None
+        step_fn, automatic = step or self.training_step, step is not None or self.automatic_optimization
         self.train()
         if hooks:
             self.on_local_train_start()
@@ -194,10 +201,9 @@ class ClientModule(L.LightningModule):
                     self.on_local_epoch_end(epoch)
                 continue
             with fabric.autocast():
-                out = self.training_step(self.make_batch(train, idx.to(train.y.device, non_blocking=True), aug),
-                                         n_steps)
+                out = step_fn(self.make_batch(train, idx.to(train.y.device, non_blocking=True), aug), n_steps)
             out = out if isinstance(out, dict) else {"loss": out}
-            if self.automatic_optimization:
+            if automatic:
                 optimizer.zero_grad(set_to_none=True)
                 fabric.backward(out["loss"])
                 optimizer.step()
@@ -212,6 +218,11 @@ class ClientModule(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int):
         """Return the loss, or a dict with 'loss' and other scalars to log as client/<i>/<name>."""
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def finetune_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """The loss of the local fine-tuning rounds (`finetune.after_round`): cross-entropy of the prediction."""
         x, y = batch
         return F.cross_entropy(self(x), y)
 

@@ -19,6 +19,7 @@ from fl.core.context import EvalContext, RoundContext
 from fl.core.evaluation import Evaluator, evaluate_clients
 from fl.core.exchange import LocalResult, WeightedSum, all_finite, exchange, payload_bytes, to_cpu
 from fl.core.federated_data import FederatedData
+from fl.core.optim import build_optimizer, is_finetune_round
 from fl.core.registry import EVALUATORS, METHODS
 from fl.core.seeding import derive_seed, seed_torch
 from fl.core.server import Server
@@ -129,22 +130,25 @@ class Orchestrator:
         ctx = self.context(rnd)
         round_ctx = RoundContext(rnd, fabric, self.data, cfg)
         t = cfg.trainer
+        finetuning = self.module.finetuning = is_finetune_round(cfg, rnd)
         sampled = sample_clients(cfg.seed, rnd, self.data.num_train_clients, t.participation, t.sampling)
-        selected = server.select(rnd, sampled)
+        selected = sampled if finetuning else server.select(rnd, sampled)
         if not selected:  # possible under bernoulli sampling: nothing trains, the server hooks are skipped
             metrics = {"train/clients": 0.0, "comm/bytes_up": 0.0, "comm/bytes_down": 0.0}
             if self.is_eval_round(rnd):
                 metrics.update(self.evaluate(ctx))
                 fabric.call("on_evaluate", round_ctx, metrics)
             return {k: float(v) for k, v in metrics.items()}
-        fabric.call("on_round_start", round_ctx, selected)
+        if not finetuning:  # a fine-tuning round has no server step: the global model stays as it was
+            fabric.call("on_round_start", round_ctx, selected)
 
         acc = WeightedSum()
         results = []
         for cid in selected[fabric.global_rank::fabric.world_size]:
             upload, result = self.train_client(rnd, cid)
             result.bytes_up = payload_bytes(upload.params) + payload_bytes(upload.message)
-            acc.add(upload.params, server.weight(cid, upload))
+            if not finetuning:
+                acc.add(upload.params, server.weight(cid, upload))
             results.append(result)
             if self._stop_requested:  # abandon the round: store and server still hold round rnd-1
                 if rnd > 0:
@@ -156,7 +160,8 @@ class Orchestrator:
             raise TrainingFault(faults[0])
 
         self.store.update({r.cid: r.state for r in results})
-        fabric.call("server_step", round_ctx, mean, {r.cid: r.message for r in results})
+        if not finetuning:
+            fabric.call("server_step", round_ctx, mean, {r.cid: r.message for r in results})
 
         metrics = self._train_metrics(results)
         metrics["comm/bytes_up"] = float(sum(r.bytes_up for r in results))
@@ -164,7 +169,8 @@ class Orchestrator:
         if self.is_eval_round(rnd):
             metrics.update(self.evaluate(ctx))
             fabric.call("on_evaluate", round_ctx, metrics)
-        fabric.call("on_round_end", round_ctx, metrics)
+        if not finetuning:
+            fabric.call("on_round_end", round_ctx, metrics)
         return {k: float(v) for k, v in metrics.items()}  # plain floats: JSON, W&B and checkpoints alike
 
     def is_eval_round(self, rnd: int) -> bool:
@@ -193,6 +199,8 @@ class Orchestrator:
         """Client cid's local work in round rnd: its upload and what it leaves behind (state, logs)."""
         ctx = self.context(rnd)
         m = self.load_client(rnd, cid)
+        if m.finetuning:
+            return self.finetune_client(ctx, m)
         state = self.store.get(cid)
         optimizer = self.fabric.setup_optimizers(m.configure_optimizers())
         if m.keep_optimizer_state and state is not None and "optimizer" in state:
@@ -212,6 +220,23 @@ class Orchestrator:
         result = LocalResult(cid, new_state, to_cpu(upload.message), logs, fault,
                              bytes_down=self._last_broadcast_bytes)
         return upload, result
+
+    def finetune_client(self, ctx: EvalContext, m: ClientModule) -> tuple[Upload, LocalResult]:
+        """A fine-tuning round's local work: every parameter of the client's model (the global model on its first
+        such round, its own afterwards) trained with `finetune_step` by a fresh optimizer; nothing is sent."""
+        t = self.cfg.trainer
+        state = self.store.get(m.cid)
+        first = state is None or set(state["private"]) != set(m.state_dict())  # the global model comes down once
+        optimizer = self.fabric.setup_optimizers(build_optimizer(self.cfg, m.parameters(), m.lr))
+        logs = m.fit_local(optimizer, epochs=t.local_epochs, steps=t.local_steps, purpose="finetune", hooks=False,
+                           step=m.finetune_step)
+        for evaluator in self.evaluators:
+            evaluator.on_local_model(ctx, m.cid)
+        fault = None if math.isfinite(logs.get("loss", 0.0)) and all_finite(m.private_state()) else (
+            f"non-finite loss or parameters in method '{self.cfg.method.name}' (fine-tuning), client {m.cid}, "
+            f"round {ctx.round}")
+        return Upload(weight=float(m.num_train)), LocalResult(m.cid, m.client_state(), {}, logs, fault,
+                                                               bytes_down=self._last_broadcast_bytes if first else 0)
 
     def _train_metrics(self, results: list[LocalResult]) -> dict[str, float]:
         metrics: dict[str, float] = {}

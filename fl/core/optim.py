@@ -8,6 +8,24 @@ import torch
 from omegaconf import DictConfig
 
 
+def is_finetune_round(cfg: DictConfig, round_idx: int) -> bool:
+    """Whether the round is one of the local fine-tuning rounds that end the run (`finetune.after_round`)."""
+    after = cfg.finetune.after_round
+    return after is not None and round_idx >= after
+
+
+def finetune_lr(cfg: DictConfig, round_idx: int) -> float:
+    """The fine-tuning rate of a round: `finetune.lr` (constant, or cosine to 0 over the fine-tuning rounds),
+    or, when it is null, the rate the run's own schedule gives the round."""
+    f = cfg.finetune
+    if f.lr is None:
+        return round_lr(cfg, round_idx)
+    if f.schedule == "constant" or f.after_round is None:
+        return float(f.lr)
+    progress = (round_idx - f.after_round) / (cfg.trainer.rounds - f.after_round)
+    return float(f.lr * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
 def round_lr(cfg: DictConfig, round_idx: int) -> float:
     """The learning rate of a round under `optim.round_schedule` (stepped once per round, not per step)."""
     o = cfg.optim

@@ -73,4 +73,6 @@ def build_model(cfg, input_shape: tuple, num_classes: int):
     model = MODELS[cfg.model.name](cfg.model, tuple(input_shape), num_classes)
     if cfg.model.get("pretrained"):
         model.load_pretrained(cfg.model.pretrained, bool(cfg.model.get("download", False)))
+    if cfg.model.get("proj_dim"):
+        model.add_projection(int(cfg.model.proj_dim))
     return model

@@ -10,7 +10,8 @@ model, which is two cross-entropies (FedDRM, Sec. 2.3, Thm. 2.2 and Eq. 7):
 Network (Fig. 2 and Sec. 3.1; LayerNorm and ReLU as in the official code): f = backbone(x); target branch
 g = ReLU(LN(Linear(f))) -> `head` (private: the client-specific target head (alpha_i, beta_i)); client branch
 h = ReLU(LN(Linear(f))) -> `client_head` (gamma, xi), shared by all clients, m outputs. The two projections
-are parallel on f and shared.
+are parallel on f and shared; their width is `model.proj_dim` (the paper's 512 -> 256 in the FedDRM configs,
+whose baselines get the target branch alone through the same key; 0 = both heads on f).
 """
 from __future__ import annotations
 
@@ -36,9 +37,6 @@ class FedDRMConfig(MethodConfig):
     routing: str = param("posterior", choices=list(ROUTING_RULES),
                          help="posterior: argmax of the client logits (paper text); density_ratio: argmax of "
                          "logits - log(n_i/N), the prior-free density ratio (official camera-ready code)")
-    proj_dim: int = param(256, ge=0, help="width of the two projections Linear+LayerNorm+ReLU between the "
-                          "backbone and the heads (the paper's Sec. 3.1: 512 -> 256); 0 = both heads on the "
-                          "backbone features")
 
 
 def projection(d: int, p: int) -> nn.Module:
@@ -105,9 +103,8 @@ class FedDRMClient(ClientModule):
 
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
-        base = self.model
-        self.model = FedDRMNet(base.backbone, base.feature_dim, data.num_classes, data.num_clients,
-                               self.hp.proj_dim)
+        backbone, feature_dim = self.model.without_projection()  # FedDRM builds both of its projections itself
+        self.model = FedDRMNet(backbone, feature_dim, data.num_classes, data.num_clients, cfg.model.proj_dim)
         # the server knows every n_i (aggregation weights); density-ratio routing needs them too
         self.register_buffer("log_prior", log_size_prior(data.train_sizes()).float(), persistent=False)
 

@@ -25,6 +25,36 @@ class BackboneHead(nn.Module):
         """Weights from `model.pretrained` (fl/models/pretrained.py)."""
         load_into(self, state_dict_from(spec, download), spec)
 
+    def add_projection(self, dim: int) -> None:
+        """Put Linear(feature_dim -> dim) + LayerNorm + ReLU between the backbone and a new head (`model.proj_dim`,
+        the network FedDRM's baselines share: Sec. 3.1, its network minus the client branch). The projection is
+        part of the backbone, so methods that share the backbone share it; both new Linear layers start as the
+        official FedDRM code starts them: He normal (fan_in), zero bias."""
+        self.backbone = Projected(self.backbone, self.feature_dim, dim)
+        self.feature_dim = dim
+        self.head = nn.Linear(dim, self.head.out_features)
+        for lin in (self.backbone.proj[0], self.head):
+            nn.init.kaiming_normal_(lin.weight, mode="fan_in", nonlinearity="relu")
+            nn.init.zeros_(lin.bias)
+
+    def without_projection(self) -> tuple[nn.Module, int]:
+        """The backbone before `add_projection` and the width of its features."""
+        if isinstance(self.backbone, Projected):
+            return self.backbone.body, self.backbone.in_features
+        return self.backbone, self.feature_dim
+
+
+class Projected(nn.Module):
+    """body -> Linear -> LayerNorm -> ReLU."""
+
+    def __init__(self, body: nn.Module, in_features: int, dim: int):
+        super().__init__()
+        self.body, self.in_features = body, in_features
+        self.proj = nn.Sequential(nn.Linear(in_features, dim), nn.LayerNorm(dim), nn.ReLU())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.body(x))
+
 
 @register_model("cnn")
 def cnn(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
