@@ -146,7 +146,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_same_run(out, monkeyp
 
 @pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_identical(out):
-    args = tiny(out, "trainer.rounds=6", "trainer.checkpoint_every=2")
+    args = tiny(out, "trainer.rounds=6", "trainer.checkpoint_every=2", "fabric.cpu_threads=1")  # as run() pins
     full = run(out, *args[len(tiny(out)):], name="full")
     res = run_cli(args + ["logger.run_name=killed"], cwd=out, env={"FL_TEST_KILL_ROUND": "4"},
                   script=(str(ROOT / "tests" / "killer.py"),))
