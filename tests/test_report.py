@@ -10,6 +10,7 @@ import yaml
 
 from fl.core import METHODS, load_plugins
 from fl.report.cli import write_report
+from fl.report.plots import file_stem
 from fl.report.runs import ReportError, load_local
 from fl.report.summary import summarize_history
 from fl.report.tables import group_runs, table_rows
@@ -89,7 +90,7 @@ def test_plots_and_self_contained_html(runs_dir, tmp_path):
     runs, _ = load_local([runs_dir])
     paths = write_report(runs, tmp_path / "report")
     pngs = sorted((tmp_path / "report" / "plots").glob("*.png"))
-    assert [p.name for p in pngs] == ["embedded_dirichlet__test_acc_mean_clients.png"]  # no traces logged
+    assert [p.name for p in pngs] == [file_stem("embedded/dirichlet", "test/acc_mean_clients") + ".png"]  # no traces
     page = paths["html"].read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) == 1 and base64.b64decode(images[0]) == pngs[0].read_bytes()
@@ -105,8 +106,23 @@ def test_trace_plots_where_runs_log_lambda_beta_ess_v(tmp_path):
     runs, _ = load_local([tmp_path / "runs"])
     write_report(runs, tmp_path / "report")
     names = {p.name for p in (tmp_path / "report" / "plots").glob("*.png")}
-    assert {"embedded_dirichlet__server_ess.png", "embedded_dirichlet_fedavg__client_lambda.png",
-            "embedded_dirichlet_fedavg__client_beta.png", "embedded_dirichlet_fedavg__client_V.png"} <= names
+    setting = "embedded/dirichlet"
+    expected = [file_stem(setting, "server/ess")] + [file_stem(f"{setting} / fedavg", "client", name)
+                                                     for name in ("lambda", "beta", "V")]
+    assert {stem + ".png" for stem in expected} <= names
+
+
+def test_settings_sharing_a_long_prefix_get_one_image_each(tmp_path):
+    """Settings whose labels agree on their first 80+ characters: N settings, N files, N different images."""
+    long = "a_partition_option_whose_name_alone_is_longer_than_most_file_names_on_a_laptop_screen"
+    for i in range(3):
+        fake_run(tmp_path / "runs", f"r{i}", {"name": "fedavg"}, 0, [0.1 * (i + 1), 0.2 * (i + 1)],
+                 data={long: i})
+    runs, _ = load_local([tmp_path / "runs"])
+    write_report(runs, tmp_path / "report")
+    assert len({r.setting for r in runs}) == 3 and len(runs[0].setting) > 80
+    pngs = list((tmp_path / "report" / "plots").glob("*.png"))
+    assert len(pngs) == 3 and len({p.read_bytes() for p in pngs}) == 3
 
 
 def test_variants_settings_and_headline(tmp_path):

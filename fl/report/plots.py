@@ -2,6 +2,7 @@
 sample std over seeds, and per-client / server traces (lambda_i, beta_i, V_i, ESS) where runs log them."""
 from __future__ import annotations
 
+import hashlib
 import re
 import statistics
 from pathlib import Path
@@ -17,8 +18,12 @@ SERVER_TRACES = ("server/ess", "server/ess_frac", "server/lambda")
 MAX_CLIENT_LINES = 20
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80]
+def file_stem(*parts: str) -> str:
+    """A readable file name for a plot of `parts`, unique by a hash of the full text: settings that share a long
+    prefix must not overwrite each other's images."""
+    text = " / ".join(parts)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return f"{re.sub(r'[^A-Za-z0-9._-]+', '_', text).strip('_')[:60]}-{digest}"
 
 
 def seed_band(runs, key: str) -> tuple[list[int], list[float], list[float]]:
@@ -101,13 +106,13 @@ def all_figures(groups: dict, metrics: list[str], folder: Path) -> list[tuple[st
     settings = list(dict.fromkeys(s for s, _ in groups))
     for setting in settings:
         for key in metrics + list(SERVER_TRACES):
-            path = curve_figure(groups, setting, key, folder / f"{_slug(setting)}__{_slug(key)}.png")
+            path = curve_figure(groups, setting, key, folder / f"{file_stem(setting, key)}.png")
             if path is not None:
                 figures.append((f"{setting}: {key}", path))
     for (setting, method), runs in groups.items():
         for name in CLIENT_TRACES:
             title = f"{setting} / {method}"
-            path = client_trace_figure(runs, title, name, folder / f"{_slug(title)}__client_{name}.png")
+            path = client_trace_figure(runs, title, name, folder / f"{file_stem(title, 'client', name)}.png")
             if path is not None:
                 figures.append((f"{title}: client/<i>/{name}", path))
     return figures

@@ -132,7 +132,9 @@ def wandb_logger_cls():
             import wandb
 
             with tempfile.TemporaryDirectory() as tmp:
-                images = {f"plots/{path.stem.split('__')[-1]}": wandb.Image(str(path), caption=name)
+                # one run, one setting: the metric part of the caption names the panel
+                images = {"plots/" + re.sub(r"[^A-Za-z0-9]+", "_", name.split(": ")[-1]).strip("_"):
+                          wandb.Image(str(path), caption=name)
                           for name, path in round_plots(self._cfg, self._run_dir, Path(tmp))}
                 if images:
                     self.experiment.log({**images, "trainer/global_step": step})
