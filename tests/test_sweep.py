@@ -166,12 +166,18 @@ def test_offline_sweep_runs_groups_resumes_and_picks_the_best(tmp_path):
     stamp = (done / "summary.json").stat().st_mtime_ns
     res = run_cli(args, cwd=tmp_path, script=("-m", "fl.sweep"))
     assert res.returncode == 0, res.stderr + res.stdout
-    assert "resuming: 1 of 2 runs already finished, 1 to go" in res.stdout
+    assert f"reusing 1 of 2 runs, finished earlier with the same config: {done.name}; 1 to go" in res.stdout
     assert (done / "summary.json").stat().st_mtime_ns == stamp  # not rerun
     assert (half / "summary.json").is_file()
     log = (out / "logs" / f"{half.name}.log").read_text()
     assert f"resume={half}" in log.splitlines()[0]
     assert json.loads((half / "summary.json").read_text())["final"]["test/acc_mean_clients"] == finals[half.name]
+
+    # the real command after a smoke test: other settings never pass for the finished runs
+    res = run_cli(args + ["trainer.rounds=3"], cwd=tmp_path, script=("-m", "fl.sweep"))
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0
+    assert "trainer.rounds=2" in res.stderr and "trainer.rounds=3" in res.stderr and "--out" in res.stderr
+    assert (done / "summary.json").stat().st_mtime_ns == stamp
 
 
 @pytest.mark.slow

@@ -6,8 +6,9 @@
 
 Each point x seed is one `python -m fl.train` run in <out>/<sweep name>/<point>-s<seed>/ (default out:
 outputs/sweeps). A run is finished when its directory has summary.json; running the same command again
-skips finished runs, resumes a run that has a checkpoint, and restarts one that died before its first
-checkpoint. Extra key=value arguments go to every run (e.g. trainer.rounds=5). The seeds are the file's
+reuses finished runs, resumes a run that has a checkpoint, and restarts one that died before its first
+checkpoint; a directory made with another resolved config stops the sweep (exit 2) rather than mixing.
+Extra key=value arguments go to every run (e.g. trainer.rounds=5). The seeds are the file's
 `seed` parameter values, or --seeds (which replaces them), or the config's own seed. At the end it prints
 each point's metric (mean ± std over seeds) and the best point by the file's metric and goal, and writes
 <sweep dir>/sweep.json. Exit codes: 0 all runs finished, 1 some run failed, 2 a bad sweep file or
@@ -25,13 +26,15 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import yaml
+from omegaconf import OmegaConf
 
 from fl.config import ConfigError, load_config
+from fl.report.runs import flatten
 from fl.sweep.spec import Sweep, expand, grid_values, load_sweep, make_sweep, point_args
 
 
@@ -41,6 +44,7 @@ class Job:
     point: dict
     seed: Optional[int]
     run_dir: Path
+    config: dict = field(default_factory=dict)  # the resolved config it runs, flattened (logger.* left out)
 
     @property
     def finished(self) -> bool:
@@ -80,7 +84,9 @@ def run_jobs(sweep: Sweep, jobs: list[Job], extra: list[str], parallel: int) -> 
     todo = [j for j in jobs if not j.finished]
     done = len(jobs) - len(todo)
     if done:
-        print(f"resuming: {done} of {len(jobs)} runs already finished, {len(todo)} to go")
+        names = ", ".join(j.run_dir.name for j in jobs if j.finished)
+        print(f"reusing {done} of {len(jobs)} runs, finished earlier with the same config: {names}; "
+              f"{len(todo)} to go")
     logs = jobs[0].run_dir.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     running: list[tuple[Job, subprocess.Popen, float, object]] = []
@@ -230,6 +236,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise ConfigError(f"argument {bad[0]!r} is not key=value")
         sweep_points = expand(sweep, count=args.count, seed=args.sweep_seed)
         jobs = plan_points(sweep, sweep_points, out, seeds, args.overrides)
+        check_reuse(jobs)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -265,6 +272,28 @@ def plan_points(sweep: Sweep, points: list[dict], out: Path, seeds: list, extra:
                 cfg = load_config(argv + ["logger.wandb.mode=disabled"])
             except ConfigError as err:
                 raise ConfigError(f"point {pid} ({' '.join(point_args(point))}): {err}") from None
-            jobs.append(Job(pid, point, seed, out / f"{pid}-s{cfg.seed}"))
+            jobs.append(Job(pid, point, seed, out / f"{pid}-s{cfg.seed}", comparable(OmegaConf.to_container(cfg))))
     return jobs
+
+
+def comparable(config: dict) -> dict:
+    """The keys that decide a run's numbers: everything but logging and the resume pointer."""
+    return {k: v for k, v in flatten(config).items() if not k.startswith("logger.") and k != "resume"}
+
+
+def check_reuse(jobs: list[Job]) -> None:
+    """The jobs whose directories already hold a run (finished or not) made with the same resolved config; a
+    directory made with another config (say trainer.rounds=3 for a smoke test) stops the sweep in one line
+    rather than having its numbers reported as this sweep's. Keys the saved config lacks (written by an older
+    framework) are not compared."""
+    for job in jobs:
+        saved_file = job.run_dir / "config.yaml"
+        if not saved_file.is_file():
+            continue
+        saved = comparable(OmegaConf.to_container(OmegaConf.load(saved_file)))
+        for key in sorted(saved.keys() & job.config.keys()):
+            if saved[key] != job.config[key]:
+                raise ConfigError(f"{job.run_dir} was run with {key}={saved[key]!r}, this sweep asks for "
+                                  f"{key}={job.config[key]!r}; use another --out (or delete that directory) "
+                                  "rather than mix the two")
 
