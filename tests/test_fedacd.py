@@ -19,7 +19,7 @@ from fl.methods.fedacd.losses import (
 )
 from fl.metrics.adaptability import adaptability_risk, client_dist_accuracy, kl_pq, mean_label_distribution, template_q
 from fl.run.train import main
-from tests.helpers import assert_same_rows, one_and_two_processes, orchestrator, read_metrics, run_cli, tiny
+from tests.helpers import assert_same_rows, load_ckpt, one_and_two_processes, orchestrator, read_metrics, run_cli, tiny
 from tests.helpers import run_tiny as run
 
 
@@ -265,6 +265,15 @@ def test_fedacd_logs_scores_losses_and_diagnostics_that_agree(out):
     for r in rows[1:]:
         assert r["test/kl_PQ"] == pytest.approx(r["server/kl_PQ_mean"], rel=1e-9)
         assert 0 < r["test/adaptability"] < 1
+    # test/absent_mass from the P each client of the last round keeps: the mass its rows put on classes it lacks
+    kept = load_ckpt(out / "outputs" / "acd")["clients"]
+    last = [int(k.split("/")[1]) for k in rows[-1] if k.startswith("client/") and k.endswith("/V")]
+    masses = []
+    for cid in last:
+        P = kept[cid]["kept_P"]
+        present = P.sum(1) > 0
+        masses.append(float(P[present][:, ~present].sum(1).mean()))
+    assert rows[-1]["test/absent_mass"] == pytest.approx(sum(masses) / len(masses), rel=1e-6)
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedprox", "local"])
@@ -351,3 +360,29 @@ def test_training_step_loss_by_hand(out, p_update):
     assert float(out_step["l1"]) == pytest.approx(float(l1), rel=1e-4, abs=1e-6)
     assert float(out_step["l2"]) == pytest.approx(float(l2), rel=1e-4)
     assert float(out_step["loss"].detach()) == pytest.approx(float(l1 + 0.7 * l2), rel=1e-4)
+
+
+def test_clean_p_source_averages_the_unmixed_batch_in_eval_mode(out):
+    """p_source=clean with mixup: P's rows for the batch's classes are the eval-mode softmax of the unmixed batch,
+    averaged per true class (p_update=batch); the clean pass leaves the BatchNorm statistics to the training pass."""
+    torch.set_num_threads(1)
+    after = {}
+    for source in ("clean", "mixed"):
+        cfg = load_config(tiny(out, "method.name=fedacd", f"method.p_source={source}", "method.p_update=batch",
+                               "model.norm=batch"))
+        orch = orchestrator(cfg, out / source)
+        m = orch.load_client(0, 1)
+        m.train()
+        m.on_local_train_start()
+        train = orch.data.clients[1].train
+        x, y = m.make_batch(train, torch.arange(min(16, len(train))))
+        m.eval()
+        with torch.no_grad():
+            probs = m(x).double().softmax(1)
+        m.train()
+        m.training_step((x, y), 0)
+        assert m.training  # the clean pass puts the model back in training mode
+        fits = [torch.allclose(m.P[k], probs[y == k].mean(0), atol=1e-6) for k in y.unique()]
+        assert all(fits) if source == "clean" else not any(fits)
+        after[source] = {k: v.clone() for k, v in m.model.state_dict().items() if "running" in k}
+    assert after["clean"].keys() and all(torch.equal(after["clean"][k], after["mixed"][k]) for k in after["clean"])

@@ -14,6 +14,8 @@ pi_bar = (1/M) sum_n pi^n, the unweighted mean of the M clients' training label 
 - client/<i>/kl_PQ and test/kl_PQ: KL(P^m || Q) of each of those local models (Table 9): P^m from a
   clean eval-mode pass over the client's training data, Q = tau on the diagonal
   (`evaluators.adaptability.kl_tau`), the mean over the rows of the classes the client holds.
+- test/absent_mass: the share of those P^m rows' probability on the classes the client does not hold, averaged
+  over the rows and the local models (what FedACD's missing-class Delta acts on; 0 when a client holds every class).
 
 The two local-model metrics run on rounds where evaluation runs and (round + 1) is a multiple of
 `evaluators.adaptability.every` (and on the last round). They need the local models before aggregation:
@@ -120,7 +122,7 @@ class Adaptability(Evaluator):
 
     def __init__(self, settings):
         super().__init__(settings)
-        self.stash: dict[int, tuple] = {}  # this process's clients of the round: cid -> (correct, total, kl)
+        self.stash: dict[int, tuple] = {}  # this process's clients: cid -> (correct, total, kl, absent mass)
 
     def active(self, cfg, rnd: int) -> bool:
         """The loop's evaluation rounds ((round + 1) % eval_every == 0, or the last), thinned to every
@@ -138,34 +140,35 @@ class Adaptability(Evaluator):
         present = n > 0
         P = sums / n.clamp_min(1)[:, None]
         kl = kl_pq(P, present, self.hp.kl_tau) if bool(present.any()) else torch.tensor(math.nan)
-        self.stash[cid] = (correct.cpu(), total.cpu(), float(kl))
+        absent = P[present][:, ~present].sum(1).mean() if bool(present.any()) else torch.tensor(math.nan)
+        self.stash[cid] = (correct.cpu(), total.cpu(), float(kl), float(absent))
 
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
         mine, self.stash = self.stash, {}
         if not self.active(ctx.cfg, ctx.round):
             return {}
         M, K, fabric = ctx.data.num_clients, ctx.data.num_classes, ctx.fabric
-        # one flat float64 vector per process: [has, kl, correct (M x K), total (M x K)]; each client is on
-        # one process, so the sum over processes is exact
-        has = torch.zeros(M, dtype=torch.float64)
-        kl = torch.zeros(M, dtype=torch.float64)
+        # one flat float64 vector per process: [has, kl, absent, correct (M x K), total (M x K)]; each client is
+        # on one process, so the sum over processes is exact
+        has, kl, absent = (torch.zeros(M, dtype=torch.float64) for _ in range(3))
         correct = torch.zeros(M, K, dtype=torch.float64)
         total = torch.zeros(M, K, dtype=torch.float64)
-        for cid, (c, t, k) in mine.items():
-            has[cid], kl[cid], correct[cid], total[cid] = 1.0, k, c, t
-        flat = torch.cat([has, kl, correct.flatten(), total.flatten()]).to(fabric.device)
+        for cid, (c, t, k, a) in mine.items():
+            has[cid], kl[cid], absent[cid], correct[cid], total[cid] = 1.0, k, a, c, t
+        flat = torch.cat([has, kl, absent, correct.flatten(), total.flatten()]).to(fabric.device)
         if fabric.world_size > 1:
             flat = fabric.all_reduce(flat, reduce_op="sum")
-        flat = flat.cpu()
-        has, kl = flat[:M] > 0, flat[M:2 * M]
-        correct, total = flat[2 * M:2 * M + M * K].view(M, K), flat[2 * M + M * K:].view(M, K)
+        has, kl, absent, rest = flat.cpu().split([M, M, M, 2 * M * K])
+        has = has > 0
+        correct, total = rest[:M * K].view(M, K), rest[M * K:].view(M, K)
         if not bool(has.any()):
             return {}
         pi_bar = mean_label_distribution(ctx.data.label_counts("train"))
         tested = total[has][0] > 0  # every local model is scored on the same pooled test set
         errors = 1.0 - correct[has] / total[has].clamp_min(1)
         risk = adaptability_risk(errors, pi_bar, tested)
-        out = {"test/adaptability": float(risk.mean()), "test/kl_PQ": float(kl[has].mean())}
+        out = {"test/adaptability": float(risk.mean()), "test/kl_PQ": float(kl[has].mean()),
+               "test/absent_mass": float(absent[has].mean())}
         out.update({f"client/{cid}/kl_PQ": float(kl[cid]) for cid in torch.nonzero(has).flatten().tolist()})
         return out
 
@@ -175,6 +178,7 @@ class GlobalAccuracy(Evaluator):
     """test/global_acc (uniform test set) and test/global_acc_client_dist of the global model."""
 
     name = "global_acc"
+    on_validation = True
 
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
         if not ctx.module.has_global_model:

@@ -9,7 +9,8 @@ minimises  L = L1 + lam * L2  (Eq. 9):
          columns of classes the client lacks get log(missing_delta)
 on input mixup x~ = mu x_a + (1 - mu) x_b, mu ~ Beta(alpha, alpha), the loss mu-weighted over y_a and y_b
 and P accumulated the same way (Input Mixup: Sec. 3 after Eq. 9, and Table 5; the paper gives neither alpha
-nor how mixed labels enter the losses and P, so these are our choices). It uploads its weights and
+nor how mixed labels enter the losses and P, so these are our choices; `method.p_source=clean` estimates P from
+the unmixed batch instead). It uploads its weights and
 V = sigmoid(1 / KL(P || Q)) (Eq. 10, Q = tau on the diagonal); the server averages with weights
 V_m / sum_k V_k over the round's clients (Eq. 11). `method.aggregation=uniform` (or
 `method.name=fedacd_base`) is FedACD_base.
@@ -53,6 +54,9 @@ class FedACDConfig(MethodConfig):
     alpha: float = param(1.0, gt=0.0, help="mixup: mu ~ Beta(alpha, alpha), one mu per batch")
     p_update: str = param("prev_epoch", choices=["prev_epoch", "running", "batch"],
                           help="when the P behind L2 is refreshed (see the module docstring)")
+    p_source: str = param("mixed", choices=["mixed", "clean"],
+                          help="what P behind L2 averages: the training outputs on the mixed inputs, mu-weighted "
+                          "over y_a and y_b (our reading), or a no-grad pass over the same batch unmixed")
     p_init: str = param("global_pass", choices=["global_pass", "stored"],
                         help="P before the first epoch: a clean pass of the received global model, or the "
                         "client's P from its last round (state store)")
@@ -122,15 +126,19 @@ class FedACDClient(ClientModule):
     def training_step(self, batch, batch_idx):
         hp = self.hp
         x, y_a = batch
+        clean = self._clean_probs(x) if hp.p_source == "clean" and hp.mixup else None  # before BN stats move
         x, y_b, mu = self._mix(x, y_a)
         logits = self(x).float()  # the losses in fp32 under mixed precision
         logp = F.log_softmax(logits, dim=1)
-        probs = logp.detach().exp()
         if hp.p_update == "batch":
             self._sums.zero_(), self._weights.zero_()
-        accumulate(self._sums, self._weights, probs, y_a, mu)
-        if mu < 1.0:
-            accumulate(self._sums, self._weights, probs, y_b, 1.0 - mu)
+        if clean is not None:
+            accumulate(self._sums, self._weights, clean, y_a, 1.0)
+        else:
+            probs = logp.detach().exp()
+            accumulate(self._sums, self._weights, probs, y_a, mu)
+            if mu < 1.0:
+                accumulate(self._sums, self._weights, probs, y_b, 1.0 - mu)
         if hp.p_update != "prev_epoch":  # this batch counts before its loss
             self.P = rows_from(self._sums, self._weights, self.P)
             self.A = adjustment_matrix(self.P, self.present, hp.missing_delta, hp.p_eps)
@@ -140,6 +148,14 @@ class FedACDClient(ClientModule):
             l1 = mu * l1 + (1.0 - mu) * l1_flatten(logp, y_b).mean()
             l2 = mu * l2 + (1.0 - mu) * l2_adjusted_ce(logits, y_b, self.A).mean()
         return {"loss": l1 + hp.lam * l2, "l1": l1.detach(), "l2": l2.detach()}
+
+    def _clean_probs(self, x: Tensor) -> Tensor:
+        """Softmax outputs on the unmixed batch, in eval mode (norm statistics untouched), without gradients."""
+        self.eval()
+        with torch.no_grad():
+            probs = F.softmax(self(x).float(), dim=1)
+        self.train()
+        return probs
 
     def on_local_epoch_end(self, epoch: int) -> None:
         if self.hp.p_update == "prev_epoch":  # this epoch's outputs are the next epoch's P
