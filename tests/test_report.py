@@ -285,3 +285,18 @@ def test_model_selection_picks_each_seeds_best_validated_variant_and_reports_its
     text = model_selection_table(rows)
     assert "ess_frac=0.5 (1x), fedpals ess_frac=0.25 (1x)" in text
     assert "## Model selection" in write_report(runs, tmp_path / "report", plots=False)["markdown"].read_text()
+
+
+def test_a_sweeps_validation_metric_gets_its_own_model_selection_table(tmp_path):
+    """Sweeps select on val/*: the report picks each seed's variant by its best val/acc_mean_clients and shows
+    test/acc_mean_clients at that round."""
+    for mu, seed, v in ((0.0, 0, 0.5), (1.0, 0, 0.7), (0.0, 1, 0.8), (1.0, 1, 0.6)):
+        fake_run(tmp_path / "runs", f"prox-{mu}-s{seed}", {"name": "fedprox", "mu": mu}, seed, [0.3, 0.6],
+                 extra={"val/acc_mean_clients": lambda i, v=v: v - 0.1 * (1 - i),
+                        "test/acc_mean_clients": lambda i, v=v: v / 2 + 0.01 * i})
+    runs, _ = load_local([tmp_path / "runs"])
+    text = write_report(runs, tmp_path / "report", plots=False,
+                        extra_metrics=["val/acc_mean_clients"])["markdown"].read_text()
+    assert "## Model selection on val/acc_mean_clients" in text
+    expected = (0.7 / 2 + 0.01 + 0.8 / 2 + 0.01) / 2
+    assert f"{expected:.4f}" in text.split("## Model selection on val/acc_mean_clients")[1]

@@ -154,6 +154,9 @@ class DataConfig:
                             help="client: hold out test_fraction of each client's samples; official: draw each "
                             "client's test set from the official test split with its own (domain, label) mix")
     test_fraction: float = param(0.2, gt=0.0, lt=1.0, help="share of each client's samples held out as its test split")
+    val_fraction: float = param(0.0, ge=0.0, lt=1.0, help="share of each client's training data held out as its "
+                                "validation split (seeded): val/* metrics for every method, for model selection; "
+                                "0 = none (the papers' protocols)")
     train_fraction: float = param(1.0, gt=0.0, le=1.0, help="keep this share of each client's training set "
                                   "(pFedFDA's data scarcity)")
     max_client_train: Optional[int] = param(None, ge=1, help="cap on each client's training set (FedBN/FedMosaic)")

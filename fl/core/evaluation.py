@@ -82,6 +82,9 @@ class Evaluator:
     name: ClassVar[str]
     default: ClassVar[bool] = True
     Settings: ClassVar[type] = NoSettings
+    #: also run on the clients' validation splits (data.val_fraction), its test/* keys logged as val/*; the
+    #: evaluator then gets a context whose data has the validation splits in place of the test splits
+    on_validation: ClassVar[bool] = False
 
     def __init__(self, settings: Any):
         self.hp = settings

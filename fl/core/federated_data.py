@@ -58,6 +58,7 @@ class ClientData:
     train: Split
     test: Split
     domain: int = 0
+    val: Optional[Split] = None  # held out of the client's training data (data.val_fraction), for model selection
 
 
 @dataclass
@@ -117,6 +118,16 @@ class FederatedData:
         """The training data of the clients that train (new clients' data stays theirs)."""
         return Split.cat([c.train for c in self.clients[:self.num_train_clients]])
 
+    @property
+    def has_validation(self) -> bool:
+        return any(c.val is not None for c in self.clients)
+
+    def validation_view(self) -> FederatedData:
+        """The same federation with each client's validation split in place of its test split (and their union
+        as the pooled test set), so every evaluation runs unchanged on validation data."""
+        clients = [ClientData(c.train, c.val, c.domain, c.val) for c in self.clients]
+        return dataclasses.replace(self, clients=clients, global_test=None, target=None)
+
     def fingerprint(self) -> str:
         """Hash of the per-client index lists: two runs with the same fingerprint used the same split."""
         h = hashlib.sha256(self.name.encode())
@@ -127,7 +138,7 @@ class FederatedData:
 
     def to(self, device, dtype: Optional[torch.dtype] = None) -> FederatedData:
         move = lambda s: None if s is None else s.to(device, dtype)  # noqa: E731
-        clients = [ClientData(move(c.train), move(c.test), c.domain) for c in self.clients]
+        clients = [ClientData(move(c.train), move(c.test), c.domain, move(c.val)) for c in self.clients]
         target = None if self.target is None else Target(self.target.distribution, move(self.target.val),
                                                          move(self.target.test))
         return dataclasses.replace(self, clients=clients, global_test=move(self.global_test),

@@ -6,6 +6,7 @@ uploads (fl/core/exchange.py), run the server step, evaluate (fl/core/evaluation
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 from pathlib import Path
@@ -46,6 +47,18 @@ def sample_clients(seed: int, round_idx: int, num_clients: int, participation: f
     if k >= num_clients:
         return list(range(num_clients))
     return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
+
+
+def validation_keys(metrics: dict[str, float]) -> dict[str, float]:
+    """An evaluation on the validation splits under its own names: test/X -> val/X, client/<i>/acc ->
+    client/<i>/val_acc; the clients' other scalars were logged by the test evaluation."""
+    out = {}
+    for key, value in metrics.items():
+        if key.startswith("test/"):
+            out["val/" + key[len("test/"):]] = value
+        elif key.startswith("client/") and key.endswith("/acc"):
+            out[key[:-len("acc")] + "val_acc"] = value
+    return out
 
 
 def enabled_evaluators(cfg: DictConfig) -> list[Evaluator]:
@@ -178,10 +191,18 @@ class Orchestrator:
         return (rnd + 1) % t.eval_every == 0 or rnd == t.rounds - 1
 
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
-        """Every client's model and the global model (fl/core/evaluation.py), then each enabled evaluator."""
+        """Every client's model and the global model (fl/core/evaluation.py), then each enabled evaluator; with
+        validation splits (`data.val_fraction`) the same again on them, as val/* (client/<i>/val_acc)."""
         metrics = evaluate_clients(ctx)
         for evaluator in self.evaluators:
             metrics.update(evaluator.evaluate(ctx))
+        if self.data.has_validation:
+            val_ctx = dataclasses.replace(ctx, data=self.data.validation_view())
+            val = evaluate_clients(val_ctx)
+            for evaluator in self.evaluators:
+                if evaluator.on_validation:
+                    val.update(evaluator.evaluate(val_ctx))
+            metrics.update(validation_keys(val))
         return metrics
 
     # ---- local work ---------------------------------------------------------------------------

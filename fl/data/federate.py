@@ -171,6 +171,7 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
 
     clients, index_lists = [], []
     split_rng, scarce_rng, test_rng = _rng(seed, "client-split"), _rng(seed, "scarcity"), _rng(seed, "client-test")
+    val_rng = _rng(seed, "client-val")
     off_keys = None if official is None else _keys(official, K)
     num_keys = int(max(keys.max(), -1 if off_keys is None else off_keys.max())) + 1
     for cid, part in enumerate(parts):
@@ -186,10 +187,14 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
             want = np.bincount(keys[train_pos], minlength=num_keys).astype(float)
             test_pos = proportional_sample(off_keys, want, test_rng)
             test = official.subset(torch.from_numpy(test_pos))
+        val = None
+        if d.val_fraction > 0:  # after the test mix is set, so the test sets do not depend on it
+            train_pos, val_pos = P.split_train_test(train_pos, d.val_fraction, val_rng)
+            val = source.subset(torch.from_numpy(val_pos))
         train = source.subset(torch.from_numpy(train_pos))
         dom = int(torch.mode(train.domain).values) if train.domain is not None else 0
-        clients.append(ClientData(train, test, dom))
-        index_lists += [train_pos, test_pos]
+        clients.append(ClientData(train, test, dom, val))
+        index_lists += [train_pos, test_pos] + ([val_pos] if val is not None else [])
 
     batch_transform = _apply_client_transform(clients, d, seed) if d.client_transform != "none" else None
     new = d.new_clients
@@ -200,9 +205,8 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
         for cid in range(d.num_clients - new.count, d.num_clients):
             c = clients[cid]
             gen = torch.Generator().manual_seed(derive_seed(seed, 0, cid, "new-client-corruption"))
-            both = corrupt(torch.cat([c.train.x, c.test.x]), new.corruption, new.severity, gen,
-                           frost_dir=frost_dir_default())
-            c.train.x, c.test.x = both[:len(c.train)], both[len(c.train):]
+            _transform_splits(_splits(c), functools.partial(corrupt, name=new.corruption, severity=new.severity,
+                                                            gen=gen, frost_dir=frost_dir_default()))
     target = domain_target
     if target_dist is not None and target is None:
         allowed = None if target_taken is None else ~target_taken
@@ -295,19 +299,30 @@ def _apply_client_transform(clients: list[ClientData], d: DictConfig, seed: int)
         if c.train.x.dtype != torch.uint8:
             raise ConfigError(f"data.client_transform={d.client_transform!r} needs uint8 images; "
                               f"data.name={d.name!r} gives {c.train.x.dtype}")
-        if per_batch:
-            c.train.owner = torch.full((len(c.train),), cid, dtype=torch.int64)
-            if d.eval_augment:
-                c.test.owner = torch.full((len(c.test),), cid, dtype=torch.int64)
-            else:
-                c.test.x = fn(c.test.x, cid, num_clients, seed, level)
+        shift = functools.partial(fn, client=cid, num_clients=num_clients, seed=seed, level=level)
+        if per_batch:  # training batches are shifted after their crop; evaluation batches are not cropped
+            evaluated = [s for s in _splits(c) if s is not c.train]
+            for split in [c.train] + (evaluated if d.eval_augment else []):
+                split.owner = torch.full((len(split),), cid, dtype=torch.int64)
+            if not d.eval_augment:
+                _transform_splits(evaluated, shift)
             continue
-        # one call on train and test together: random corruptions (noise, blur angle) then differ per image
-        both = fn(torch.cat([c.train.x, c.test.x]), cid, num_clients, seed, level)
-        c.train.x, c.test.x = both[:len(c.train)], both[len(c.train):]
+        # one call on all splits together: random corruptions (noise, blur angle) then differ per image
+        _transform_splits(_splits(c), shift)
     if per_batch:
         return functools.partial(_shift_by_owner, fn, num_clients, seed, level)
     return None
+
+
+def _splits(c: ClientData) -> list[Split]:
+    return [c.train, c.test] + ([c.val] if c.val is not None else [])
+
+
+def _transform_splits(splits: list[Split], fn) -> None:
+    """fn applied once to the images of `splits` together, written back split by split."""
+    out = fn(torch.cat([s.x for s in splits]))
+    for split, part in zip(splits, out.split([len(s) for s in splits])):
+        split.x = part
 
 
 def _shift_by_owner(fn, num_clients: int, seed: int, level: str, x: Tensor, owner: Tensor) -> Tensor:

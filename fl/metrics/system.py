@@ -54,6 +54,7 @@ def _reduce(fabric, t: Tensor) -> Tensor:
 @register_evaluator
 class SystemAccuracy(Evaluator):
     name = "system"
+    on_validation = True
 
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
         m, fabric, data = ctx.module, ctx.fabric, ctx.data

@@ -52,9 +52,10 @@ def write_report(runs: list[Run], out: Path, metrics: Optional[list[str]] = None
     caption = (f"Mean ± sample std over seeds. final: the last evaluation; last {k}: the mean over the last {k} "
                "evaluations; @best val: at the round with the best target validation accuracy.")
     lines = [f"# {title}", "", caption, "", md]
-    selected = model_selection_table(model_selection(groups))
-    if selected:
-        lines += ["## Model selection", "", selected]
+    for val in dict.fromkeys(["val/target_acc"] + [m for m in extra_metrics or [] if m.startswith("val/")]):
+        selected = model_selection_table(model_selection(groups, val))
+        if selected:
+            lines += ["## Model selection" + ("" if val == "val/target_acc" else f" on {val}"), "", selected]
     lines += [f"![{name}](plots/{p.name})" for name, p in figures]
     if notes:
         lines += ["", *[f"- {n}" for n in notes]]

@@ -31,8 +31,12 @@ def summarize_history(history: list[dict], last_k: int) -> dict:
         spread[key] = math.sqrt(sum((v - last[key]) ** 2 for v in tail) / len(tail))
     out = {"final": final, "best": best, "best_round": best_round, f"mean_last_{last_k}": last,
            f"std_last_{last_k}": spread, "last_k": last_k}
-    if "val/target_acc" in series:  # model selection on the target validation set (FedPALS)
-        round_ = best_round["val/target_acc"]
-        row = next(r for r in history if r["round"] == round_)
-        out["at_best_val"] = {"round": round_, **{k: v for k, v in row.items() if k.startswith("test/")}}
+    at_best = {}  # model selection: the test metrics at each validation metric's best round
+    for key in (k for k in series if k.startswith("val/")):
+        row = next(r for r in history if r["round"] == best_round[key])
+        at_best[key] = {"round": best_round[key], **{k: v for k, v in row.items() if k.startswith("test/")}}
+    if at_best:
+        out["at_best"] = at_best
+    if "val/target_acc" in at_best:  # FedPALS' selection on the target validation set, the one shown by default
+        out["at_best_val"] = at_best["val/target_acc"]
     return out

@@ -111,12 +111,19 @@ def model_selection(groups: dict, val: str = "val/target_acc") -> list[dict]:
         if len({r.method for rs in seeds.values() for r in rs}) < 2:
             continue
         chosen = {seed: max(rs, key=lambda r: r.summary["best"][val]) for seed, rs in seeds.items()}
-        keys = sorted({k for r in chosen.values() for k in r.summary.get("at_best_val", {}) if k.startswith("test/")})
+        at = {seed: _at_best(r, val) for seed, r in chosen.items()}
+        keys = sorted({k for a in at.values() for k in a if k.startswith("test/")})
         rows.append({"setting": setting, "method": name, "seeds": sorted(chosen, key=str), "val": val,
                      "chosen": [chosen[seed].method for seed in sorted(chosen, key=str)],
-                     "cells": {k: mean_std([r.summary.get("at_best_val", {}).get(k) for r in chosen.values()])
-                               for k in keys}})
+                     "cells": {k: mean_std([a.get(k) for a in at.values()]) for k in keys}})
     return rows
+
+
+def _at_best(run: Run, val: str) -> dict:
+    """The run's test metrics at the round of its best `val` (summaries written before `at_best` existed kept
+    only the target's)."""
+    at = run.summary.get("at_best", {})
+    return at[val] if val in at else run.summary.get("at_best_val", {}) if val == "val/target_acc" else {}
 
 
 def model_selection_table(rows: list[dict]) -> str:

@@ -125,6 +125,11 @@ def run_jobs(sweep: Sweep, jobs: list[Job], extra: list[str], parallel: int) -> 
     return failed
 
 
+def test_counterpart(metric: Optional[str]) -> Optional[str]:
+    """The test metric a validation metric selects for: val/X -> test/X."""
+    return "test/" + metric[len("val/"):] if metric and metric.startswith("val/") else None
+
+
 def _metric_value(job: Job, metric: Optional[str]) -> Optional[float]:
     """The value W&B's sweep reads: the run's last logged value of the metric (summary.json's final)."""
     if metric is None or not job.finished:
@@ -136,15 +141,17 @@ def results(sweep: Sweep, jobs: list[Job]) -> list[dict]:
     by_point: dict[str, dict] = {}
     for job in jobs:
         entry = by_point.setdefault(job.point_id, {"point": job.point_id, "params": job.point, "values": [],
-                                                   "runs": []})
+                                                   "test_values": [], "runs": []})
         entry["runs"].append(str(job.run_dir))
-        value = _metric_value(job, sweep.metric)
-        if value is not None:
-            entry["values"].append(value)
+        for key, metric in (("values", sweep.metric), ("test_values", test_counterpart(sweep.metric))):
+            value = _metric_value(job, metric)
+            if value is not None:
+                entry[key].append(value)
     for entry in by_point.values():
-        v = entry["values"]
-        entry["mean"] = statistics.mean(v) if v else None
-        entry["std"] = statistics.stdev(v) if len(v) > 1 else 0.0 if v else None
+        for key, prefix in (("values", ""), ("test_values", "test_")):
+            v = entry[key]
+            entry[prefix + "mean"] = statistics.mean(v) if v else None
+            entry[prefix + "std"] = statistics.stdev(v) if len(v) > 1 else 0.0 if v else None
     return list(by_point.values())
 
 
@@ -160,16 +167,24 @@ def print_results(sweep: Sweep, table: list[dict], seeds: list) -> None:
     if sweep.metric is None:
         print("the sweep file has no metric; no best point chosen")
         return
-    print(f"\n{sweep.metric} (final value; mean ± std over seeds {seeds}), goal: {sweep.goal}")
+    test = test_counterpart(sweep.metric)
+    shown = f"; {test} beside it" if test else ""
+    print(f"\n{sweep.metric} (final value; mean ± std over seeds {seeds}), goal: {sweep.goal}{shown}")
+
+    def beside(e: dict) -> str:
+        return f"  {test}={e['test_mean']:.4f} ± {e['test_std']:.4f}" if test and e["test_mean"] is not None else ""
+
     for e in table:
         params = " ".join(point_args(e["params"])) or "(no parameters)"
         if e["mean"] is None:
             print(f"  {e['point']:<40} {params:<40} no finished run")
         else:
-            print(f"  {e['point']:<40} {params:<40} {e['mean']:.4f} ± {e['std']:.4f}  (n={len(e['values'])})")
+            print(f"  {e['point']:<40} {params:<40} {e['mean']:.4f} ± {e['std']:.4f}  (n={len(e['values'])})"
+                  + beside(e))
     best = best_point(sweep, table)
     if best is not None:
-        print(f"best: {' '.join(point_args(best['params']))}  {sweep.metric}={best['mean']:.4f} ± {best['std']:.4f}")
+        print(f"best: {' '.join(point_args(best['params']))}  {sweep.metric}={best['mean']:.4f} ± {best['std']:.4f}"
+              + beside(best))
 
 
 def _seed_list(text: str) -> list[int]:
