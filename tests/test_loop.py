@@ -107,6 +107,35 @@ def test_local_never_communicates_and_centralized_trains_on_pooled_data(out):
     assert all(r["train/clients"] == 1.0 for r in cen) and "test/acc_global" in cen[-1]
 
 
+# ---- self.log in training_step -------------------------------------------------------------------
+@dataclass
+class LoggingConfig(MethodConfig):
+    name: str = "test_self_log"
+
+
+class LoggingClient(ClientModule):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("ce", loss)  # what every Lightning user writes
+        self.log_dict({"twice": 2 * loss})
+        return loss
+
+
+register_method("test_self_log", LoggingConfig, LoggingClient, Server)
+
+
+def test_self_log_in_training_step_becomes_the_clients_logged_scalars(out):
+    rows = read_metrics(run(out, "method.name=test_self_log", name="selflog"))
+    assert all(isinstance(r["round"], int) for r in rows)  # no {"round": null} rows
+    for r in rows:
+        assert r["train/ce"] == pytest.approx(r["train/loss"], rel=1e-6)
+        clients = [k.split("/")[1] for k in r if k.startswith("client/") and k.endswith("/ce")]
+        assert clients and all(r[f"client/{c}/twice"] == pytest.approx(2 * r[f"client/{c}/ce"]) for c in clients)
+    with pytest.raises(RuntimeError, match="inside training_step only"):
+        LoggingClient(load_config(tiny(out)), build_data(load_config(tiny(out)))).log("x", 1.0)
+
+
 # ---- faults --------------------------------------------------------------------------------------
 @dataclass
 class NanConfig(MethodConfig):

@@ -86,6 +86,7 @@ class ClientModule(L.LightningModule):
         self._local_optimizer = None  # the optimizer of the running fit_local
         self._input_dtype = torch.float32
         self.finetuning = False  # set by the loop in the fine-tuning rounds (`finetune.after_round`)
+        self._step_logs: Optional[dict[str, Tensor]] = None  # self.log() inside a training step
 
     def attach(self, data: FederatedData) -> None:
         """Called once by the loop: the run's data, on the training device, in the model's dtype."""
@@ -200,9 +201,13 @@ class ClientModule(L.LightningModule):
                 if hooks:
                     self.on_local_epoch_end(epoch)
                 continue
-            with fabric.autocast():
-                out = step_fn(self.make_batch(train, idx.to(train.y.device, non_blocking=True), aug), n_steps)
-            out = out if isinstance(out, dict) else {"loss": out}
+            self._step_logs = {}
+            try:
+                with fabric.autocast():
+                    out = step_fn(self.make_batch(train, idx.to(train.y.device, non_blocking=True), aug), n_steps)
+            finally:
+                logged, self._step_logs = self._step_logs, None
+            out = {**logged, **(out if isinstance(out, dict) else {"loss": out})}
             if automatic:
                 optimizer.zero_grad(set_to_none=True)
                 fabric.backward(out["loss"])
@@ -220,6 +225,19 @@ class ClientModule(L.LightningModule):
         """Return the loss, or a dict with 'loss' and other scalars to log as client/<i>/<name>."""
         x, y = batch
         return F.cross_entropy(self(x), y)
+
+    def log(self, name: str, value, *args, **kwargs) -> None:
+        """`self.log(name, value)` inside `training_step`: logged like the step's returned scalars, as the
+        round's mean of client/<i>/<name> (and train/<name> over the round's clients). Lightning's other
+        arguments (on_step, prog_bar, ...) have no meaning here and are ignored."""
+        if self._step_logs is None:
+            raise RuntimeError(f"self.log({name!r}, ...) works inside training_step only; elsewhere return the "
+                               "scalars (personalize) or add them to the metrics dict (server hooks, evaluators)")
+        self._step_logs[name] = value.detach() if torch.is_tensor(value) else torch.tensor(float(value))
+
+    def log_dict(self, dictionary: dict, *args, **kwargs) -> None:
+        for name, value in dictionary.items():
+            self.log(name, value)
 
     def finetune_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """The loss of the local fine-tuning rounds (`finetune.after_round`): cross-entropy of the prediction."""
