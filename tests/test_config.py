@@ -23,6 +23,17 @@ from tests.helpers import run_cli, tiny
     ("trainer.rounds", ["key=value"]),
     ("fabric.accelerator=cuda", ["fabric.accelerator='cuda'"]),
     ("data.num_clients=500", ["data.partition.min_client_size"]),
+    # values that were accepted and ran (issue: silently wrong results)
+    ("data.client_train_fraction=[0,1,1,1,1,1]", ["data.client_train_fraction[0]=0", "(0, 1]"]),
+    ("data.client_train_fraction=[1,1,-1,1,1,1]", ["data.client_train_fraction[2]=-1"]),
+    ("data.client_train_fraction=[1,1,1,1,1,2]", ["data.client_train_fraction[5]=2"]),
+    ("data.drop_labels=[[11],[],[],[],[],[]]", ["data.drop_labels[0]", "11", "0..9"]),
+    ("data.drop_labels=[[],[0,1,2,3,4,5,6,7,8,9],[],[],[],[]]", ["data.drop_labels[1]", "all 10 labels"]),
+    ("data.target.distribution=[.nan,0.5,0.5,0,0,0,0,0,0,0]", ["data.target.distribution", "nan"]),
+    ("data.variant=byclass", ["data.variant='byclass'", "embedded"]),
+    ("data.pool_splits=true", ["data.pool_splits", "no test split"]),
+    ("logger.run_name=../escape", ["logger.run_name='../escape'", "logger.output_dir"]),
+    ("logger.run_name=/tmp/abs", ["logger.run_name='/tmp/abs'"]),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(out, capsys, arg, words):
     assert main(tiny(out, arg)) == 2

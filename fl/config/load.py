@@ -213,6 +213,10 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(choices_msg("trainer.evaluators", name, registry.EVALUATORS))
     if cfg.model.name not in registry.MODELS:
         raise ConfigError(choices_msg("model.name", cfg.model.name, registry.MODELS))
+    name = cfg.logger.run_name
+    if name is not None and (str(name) in ("", ".", "..") or any(c in str(name) for c in "/\\")):
+        raise ConfigError(f"logger.run_name={str(name)!r} must be one folder name (no '/', not '..'); the run "
+                          "directory is logger.output_dir/<run_name>: set logger.output_dir to move it")
     after = cfg.finetune.after_round
     if after is not None and after >= cfg.trainer.rounds:
         raise ConfigError(f"finetune.after_round={after} leaves no fine-tuning round: it must be < "

@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 from fl.core import ClientData, FederatedData, Split, Target
 from fl.core.registry import DATASETS, register_dataset
 from fl.data import augment, embedded, embedded_domains, sources  # noqa: F401  (register augmentations, loaders)
-from fl.data.base import DataError, Pool
+from fl.data.base import DataError, Pool, check_no_variant
 from fl.data.federate import federate
 
 __all__ = ["ClientData", "DataError", "FederatedData", "Pool", "Split", "Target", "build_data"]
@@ -15,6 +15,7 @@ __all__ = ["ClientData", "DataError", "FederatedData", "Pool", "Split", "Target"
 @register_dataset("embedded")
 def embedded_images(d: DictConfig) -> Pool:
     """The quickstart's procedurally generated images (one domain, no official test split)."""
+    check_no_variant(d, "embedded")
     e = d.embedded
     x, y = embedded.load_or_generate(d.root, e.num_classes, e.samples_per_class, e.channels, d.image_size or 16,
                                      e.noise)
@@ -26,6 +27,7 @@ def embedded_images(d: DictConfig) -> Pool:
 @register_dataset("embedded_domains")
 def embedded_multi_domain(d: DictConfig) -> Pool:
     """Generated glyph images in `num_domains` visual styles, with a test split of its own."""
+    check_no_variant(d, "embedded_domains")
     e = d.embedded
     return embedded_domains.make_pool(e.num_classes, e.num_domains, e.samples_per_class,
                                       max(1, e.samples_per_class // 3), d.image_size or 32)

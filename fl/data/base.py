@@ -34,3 +34,9 @@ class Pool:
     mean: Optional[tuple[float, ...]] = None
     std: Optional[tuple[float, ...]] = None
     fine_labels: Optional[tuple[Tensor, Optional[Tensor]]] = None  # (train, test) finer labels, e.g. CIFAR-100's
+
+
+def check_no_variant(d, dataset: str) -> None:
+    """A loader without variants refuses `data.variant` (EMNIST's split is the one that has them)."""
+    if d.variant is not None:
+        raise ConfigError(f"data.variant={d.variant!r} is not used by {dataset}; choices: null")

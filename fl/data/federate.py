@@ -38,7 +38,7 @@ def parse_target(target, num_classes: int) -> Optional[np.ndarray]:
     except (TypeError, ValueError):
         raise ConfigError(f"data.target.distribution={target!r} must be null, 'partition', 'test' or a list of "
                           f"{num_classes} probabilities") from None
-    if t.shape != (num_classes,) or (t < 0).any() or abs(t.sum() - 1) > 1e-6:
+    if t.shape != (num_classes,) or not np.isfinite(t).all() or (t < 0).any() or abs(t.sum() - 1) > 1e-6:
         raise ConfigError(f"data.target.distribution must have {num_classes} non-negative entries summing to 1; "
                           f"got {len(t)} entries summing to {t.sum():.4g}")
     return t
@@ -114,7 +114,11 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
     else:
         target_dist = parse_target(d.target.distribution, K)
     fine = pool.fine_labels
-    if d.pool_splits and official is not None:  # FedDRM partitions the pooled train+test data
+    if d.pool_splits and official is None:
+        raise ConfigError(f"data.pool_splits=true merges the official train and test splits; data.name={d.name!r} "
+                          "has no test split (use false)")
+    _check_label_lists(d, K)
+    if d.pool_splits:  # FedDRM partitions the pooled train+test data
         source, official = Split.cat([pool.train, official]), None
         fine = None if fine is None else torch.cat(list(fine))
     elif fine is not None:
@@ -182,6 +186,9 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
             train_pos, test_pos = part, None
         fraction = d.train_fraction if d.client_train_fraction is None else float(
             _per_client(d.client_train_fraction, d.num_clients, "data.client_train_fraction")[cid])
+        if not 0 < fraction <= 1:
+            raise ConfigError(f"data.client_train_fraction[{cid}]={fraction:g} must be in (0, 1]: the share of client "
+                              f"{cid}'s training set it keeps")
         train_pos = P.subsample(train_pos, fraction, scarce_rng, d.max_client_train)
         if test_pos is None:  # drawn from the official test split with this client's (domain, label) mix
             want = np.bincount(keys[train_pos], minlength=num_keys).astype(float)
@@ -222,6 +229,19 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
                          global_test=global_test, public=public, target=target, mean=pool.mean, std=pool.std,
                          class_names=pool.class_names, domain_names=pool.domain_names, num_new_clients=new.count,
                          batch_transform=batch_transform)
+
+
+def _check_label_lists(d: DictConfig, num_classes: int) -> None:
+    """data.drop_labels (per client) and data.target.drop_labels name labels in [0, K) and leave some label."""
+    lists = [(f"data.drop_labels[{i}]", drop) for i, drop in enumerate(d.drop_labels or [])]
+    lists.append(("data.target.drop_labels", d.target.drop_labels))
+    for key, drop in lists:
+        labels = [drop] if isinstance(drop, int) else list(drop or [])
+        bad = [k for k in labels if not isinstance(k, int) or not 0 <= k < num_classes]
+        if bad:
+            raise ConfigError(f"{key}={labels} holds {bad[0]!r}, not a label of {d.name!r} (0..{num_classes - 1})")
+        if len(set(labels)) >= num_classes:
+            raise ConfigError(f"{key} drops all {num_classes} labels; at least one must stay")
 
 
 def _per_client(values, num_clients: int, key: str) -> list:

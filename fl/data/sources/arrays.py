@@ -18,8 +18,7 @@ from torch import Tensor
 
 from fl.core import Split
 from fl.core.registry import register_dataset
-from fl.data.base import DataError, Pool
-from fl.data.sources.domains import check_no_variant
+from fl.data.base import DataError, Pool, check_no_variant
 
 LAYOUT = ("a .npz or .pt file with x and y (optionally domain, x_test, y_test, domain_test, class_names, "
           "domain_names, mean, std)")

@@ -22,8 +22,7 @@ from torch import Tensor
 
 from fl.core import Split
 from fl.core.registry import register_dataset
-from fl.data.base import DataError, Pool
-from fl.data.sources.domains import check_no_variant
+from fl.data.base import DataError, Pool, check_no_variant
 
 # Normalize(0.5, 0.5) -> [-1, 1]: FedDRM (official code), FedMosaic (Sec. 8), pFedFDA (Sec. 5.1);
 # FedACD gives no preprocessing.

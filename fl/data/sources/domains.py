@@ -32,10 +32,9 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from fl.config import ConfigError
 from fl.core import Split
 from fl.core.registry import register_dataset
-from fl.data.base import DataError, Pool
+from fl.data.base import DataError, Pool, check_no_variant
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png")
 CACHE_VERSION = "v1"
@@ -100,11 +99,6 @@ def cached_images(base: Path, size: int, splits: dict[str, list[Entry]], obtain:
     except OSError:  # a read-only dataset folder or a full disk: work without the cache
         tmp.unlink(missing_ok=True)
     return blob
-
-
-def check_no_variant(d: DictConfig, dataset: str) -> None:
-    if d.variant is not None:
-        raise ConfigError(f"data.variant={d.variant!r} is not used by {dataset}; choices: null")
 
 
 def list_images(folder: Path) -> list[Path]:

@@ -18,8 +18,8 @@ from omegaconf import DictConfig
 
 from fl.core import Split
 from fl.core.registry import register_dataset
-from fl.data.base import DataError, Pool
-from fl.data.sources.domains import Entry, cached_images, check_no_variant
+from fl.data.base import DataError, Pool, check_no_variant
+from fl.data.sources.domains import Entry, cached_images
 
 FOLDER = "iwildcam_v2.0"
 NUM_CLASSES = 182

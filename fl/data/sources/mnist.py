@@ -19,8 +19,7 @@ from torch import Tensor
 from fl.config import ConfigError
 from fl.core import Split
 from fl.core.registry import register_dataset
-from fl.data.base import DataError, Pool
-from fl.data.sources.domains import check_no_variant
+from fl.data.base import DataError, Pool, check_no_variant
 
 MEAN, STD = (0.5,), (0.5,)  # Normalize(0.5, 0.5) -> [-1, 1]: FedMosaic Sec. 8 (FMNIST), pFedFDA Sec. 5.1
 NATIVE_SIZE = 28

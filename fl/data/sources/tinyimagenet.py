@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 
 from fl.core import Split
 from fl.core.registry import register_dataset
-from fl.data.base import DataError, Pool
-from fl.data.sources.domains import Entry, cached_images, check_no_variant, list_images
+from fl.data.base import DataError, Pool, check_no_variant
+from fl.data.sources.domains import Entry, cached_images, list_images
 
 FOLDER = "tiny-imagenet-200"
 DEFAULT_SIZE = 64  # native resolution (pFedFDA, App. C.1; FedACD gives no size)
