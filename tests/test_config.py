@@ -34,9 +34,21 @@ from tests.helpers import run_cli, tiny
     ("data.pool_splits=true", ["data.pool_splits", "no test split"]),
     ("logger.run_name=../escape", ["logger.run_name='../escape'", "logger.output_dir"]),
     ("logger.run_name=/tmp/abs", ["logger.run_name='/tmp/abs'"]),
+    # tracebacks before (one line now)
+    ("data.augment.flip=true", ["data.augment is a list", "data.augment=[flip]"]),
+    ("trainer=5", ["trainer=5 sets a group", "trainer.<key>"]),
+    ("method=fedprox", ["method='fedprox' sets a group", "method.name=fedprox"]),
+    ("data.augment=[flip", ["cannot parse 'data.augment=[flip'"]),
+    ("optim.lr=1e308", ["optim.lr=1e+308", "float32"]),
+    ("model.width=100000", ["model.width=100000 cannot be built"]),
+    ("method.name=pfedfda model.name=logistic", ["method.name='pfedfda'", "no backbone"]),
+    ("method.name=fedbabu model.name=logistic", ["method.name='fedbabu'", "no backbone"]),
+    ("method.name=fedpac model.name=logistic", ["method.name='fedpac'", "no backbone"]),
+    ("model.name=resnet18 model.norm=group model.groups=7", ["model.groups=7"]),
+    ("seed=${nope}", ["seed:", "'nope' not found", "command line"]),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(out, capsys, arg, words):
-    assert main(tiny(out, arg)) == 2
+    assert main(tiny(out, *arg.split(" "))) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     for w in words:
@@ -105,3 +117,28 @@ def test_unknown_augmentation_and_evaluator_are_config_errors():
         load_config(["data.augment=[flipp]"])
     with pytest.raises(ConfigError, match="trainer.evaluators='nope'"):
         load_config(["trainer.evaluators=[nope]"])
+
+
+@pytest.mark.parametrize("text, words", [
+    ("- seed: 0\n", ["top level must be a mapping"]),
+    ("include: 3\n", ["include must be a list of config names"]),
+    ("method: fedprox\n", ["method='fedprox' sets a group", "method.name=fedprox"]),
+    ("seed: ${nope}\n", ["seed:", "'nope' not found", "bad.yaml"]),
+])
+def test_bad_config_files_are_one_line_errors_naming_the_file(out, capsys, text, words):
+    path = out / "bad.yaml"
+    path.write_text(text)
+    assert main(tiny(out, f"conf={path}")) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in words), lines
+    assert str(path) in lines[0] or "nope" in lines[0]
+    assert not (out / "outputs").exists()
+
+
+def test_online_wandb_without_an_api_key_is_refused_before_the_run_directory(out, capsys, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setattr("fl.run.train.has_wandb_key", lambda: False)
+    assert main(tiny(out, "logger.wandb.mode=online")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "logger.wandb.mode=online needs a W&B API key" in err[0]
+    assert not (out / "outputs").exists()

@@ -12,7 +12,7 @@ from dataclasses import field, fields, is_dataclass, make_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from fl.config.errors import ConfigError
@@ -76,8 +76,11 @@ def resolve_conf_path(name: str) -> Path:
 
 
 def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
+    """Dotted keys of the leaves (interpolations left unresolved)."""
     if isinstance(node, DictConfig):
-        return [k for key in node for k in _leaf_keys(node[key], f"{prefix}{key}.")]
+        node = OmegaConf.to_container(node, resolve=False)
+    if isinstance(node, dict):
+        return [k for key, value in node.items() for k in _leaf_keys(value, f"{prefix}{key}.")]
     return [prefix.rstrip(".")]
 
 
@@ -93,6 +96,26 @@ def refuse_moved_keys(node: DictConfig, where: str) -> None:
             raise ConfigError(f"{where}: {key} is a group now; write {BECAME_GROUPS[key]}={value!r}")
 
 
+def check_shapes(node: DictConfig, where: str) -> None:
+    """A scalar where the schema has a group (`trainer=5`, `method: fedprox`) or a key under a list
+    (`data.augment.flip=true`) stops here in one line, saying what to write instead."""
+    shape, given = OmegaConf.structured(Config), OmegaConf.to_container(node, resolve=False)
+    for key in _leaf_keys(node):
+        parts, at, value = key.split("."), shape, given
+        for i, part in enumerate(parts):
+            here = ".".join(parts[:i + 1])
+            if isinstance(at, ListConfig):
+                raise ConfigError(f"{where}: {'.'.join(parts[:i])} is a list; write it whole, e.g. "
+                                  f"{'.'.join(parts[:i])}=[{part}]")
+            if not isinstance(at, DictConfig) or part not in at:
+                break  # unknown keys are reported by the schema merge, with suggestions
+            at, value = at[part], value[part]
+            if isinstance(at, DictConfig) and not isinstance(value, dict):
+                example = f"{here}.name={value}" if here == "method" else f"{here}.<key>=..."
+                raise ConfigError(f"{where}: {here}={value!r} sets a group to a single value; set its keys, e.g. "
+                                  f"{example} (valid keys: {', '.join(list(at.keys())[:8])})")
+
+
 def load_conf_file(path: Path, seen: tuple = ()) -> DictConfig:
     """A YAML config; its `include: [NAME, ...]` files (conf/NAME.yaml) are merged first, in order."""
     if path in seen:
@@ -101,8 +124,15 @@ def load_conf_file(path: Path, seen: tuple = ()) -> DictConfig:
         node = OmegaConf.load(path)
     except Exception as err:  # a YAML syntax error, reported in one line
         raise ConfigError(f"cannot parse {path}: {str(err).splitlines()[0]}") from None
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys (seed: 0, trainer: ...), not a list")
     includes = node.pop("include", [])
+    if not isinstance(includes, (str, list, ListConfig)) or not all(isinstance(i, str) for i in
+                                                              ([includes] if isinstance(includes, str) else includes)):
+        raise ConfigError(f"{path}: include must be a list of config names, e.g. include: [protocol/feddrm]; "
+                          f"got {includes!r}")
     refuse_moved_keys(node, str(path))
+    check_shapes(node, str(path))
     parts = []
     for name in [includes] if isinstance(includes, str) else includes:
         inc = CONF_DIR / f"{name}.yaml"
@@ -175,6 +205,9 @@ def _omegaconf_message(err: OmegaConfBaseException, schema_node: DictConfig) -> 
     return f"{key}: {str(err).splitlines()[0]}"
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _check_node(node: DictConfig, prefix: str) -> None:
     cls = OmegaConf.get_type(node)
     if not is_dataclass(cls):
@@ -195,6 +228,8 @@ def _check_node(node: DictConfig, prefix: str) -> None:
             b = meta.get(bound)
             if b is not None and not ok(value, b):
                 raise ConfigError(f"{key}={value!r} is out of range; it must be {sym} {b}")
+        if isinstance(value, float) and not abs(value) <= FLOAT32_MAX:
+            raise ConfigError(f"{key}={value!r} is not a finite float32 (|x| <= {FLOAT32_MAX:.3g}), as tensors hold it")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -242,11 +277,15 @@ def load_config(argv: list[str]) -> DictConfig:
     """Build the run config from `conf=NAME key=value ...`; raises ConfigError on bad input."""
     registry.load_plugins()
     conf, overrides = parse_argv(argv)
-    try:
-        cli = OmegaConf.from_dotlist(overrides)
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"cannot parse overrides {overrides}: {str(err).splitlines()[0]}") from None
+    for arg in overrides:  # one at a time, so the message names the bad one
+        try:
+            OmegaConf.from_dotlist([arg])
+        except Exception as err:  # YAML or OmegaConf grammar errors
+            raise ConfigError(f"cannot parse {arg!r}: {str(err).splitlines()[0]} (lists are written "
+                              "key=[a,b], strings with spaces key='a b')") from None
+    cli = OmegaConf.from_dotlist(overrides)
     refuse_moved_keys(cli, "command line")
+    check_shapes(cli, "command line")
     resume = OmegaConf.select(cli, "resume", default=None)
     if resume is not None:
         base = _resume_base(resume, conf, cli)
@@ -256,6 +295,13 @@ def load_config(argv: list[str]) -> DictConfig:
     if cli_method is not None and cli_method != file_method and "method" in base:
         base.method = {"name": cli_method}  # the file's hyperparameters belong to the file's method
     cfg = _merge(_method_name(base, cli), base, cli)
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "?"
+        where = "the command line" if key in _leaf_keys(cli) else (
+            f"resume={resume}" if resume is not None else str(resolve_conf_path(conf or DEFAULT_CONF)))
+        raise ConfigError(f"{key}: {str(err).splitlines()[0]} (set in {where})") from None
     if cfg.trainer.local_steps is not None:
         cfg.trainer.local_epochs = None  # steps win; keep the resolved config honest
     validate(cfg)

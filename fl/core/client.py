@@ -70,6 +70,9 @@ class ClientModule(L.LightningModule):
     persistent: tuple[str, ...] = ()
     #: whether the shared part (cid -1) is a complete model worth scoring on the pooled test set
     has_global_model: bool = True
+    #: whether the method trains the model's backbone apart from its head (a model without backbone parameters,
+    #: such as logistic regression, is then a configuration error)
+    needs_backbone: bool = False
 
     def __init__(self, cfg: DictConfig, data: FederatedData):
         super().__init__()

@@ -17,6 +17,7 @@ from fl.config import CONF_DIR, ConfigError, load_config
 from fl.core import METHODS, Interrupted, Orchestrator, TrainingFault, build_model
 from fl.data import DataError, build_data
 from fl.report.summary import summarize_history
+from fl.report.wandb_access import has_wandb_key, wandb_mode
 from fl.run.loggers import JsonlLogger, make_wandb_logger
 from fl.run.progress import RoundProgress, format_summary
 from fl.run.run_dir import RUN_DIR_ENV, log_partition, prepare_run_dir, write_summary
@@ -39,7 +40,16 @@ def _twin_hint(argv: list[str]) -> str:
 def check_model(cfg: DictConfig, data) -> None:
     """Build the model (pretrained weights included) and pass two training inputs through it before anything is
     written, so a model that cannot take the data's inputs is a configuration error, not a traceback."""
-    model = build_model(cfg, data.input_shape, data.num_classes)
+    m = cfg.model
+    try:
+        model = build_model(cfg, data.input_shape, data.num_classes)
+    except (RuntimeError, MemoryError) as err:  # e.g. model.width=100000: a 720 GB layer
+        raise ConfigError(f"model.name={m.name!r} with model.width={m.width} cannot be built: "
+                          f"{str(err).splitlines()[0][:160]}") from None
+    spec = METHODS[cfg.method.name]
+    if spec.client_cls.needs_backbone and not any(p.requires_grad for p in model.backbone.parameters()):
+        raise ConfigError(f"method.name={cfg.method.name!r} trains the model's backbone apart from its head; "
+                          f"model.name={m.name!r} has no backbone parameters (use cnn, mlp, resnet18, ...)")
     x = data.prepare(next(c.train for c in data.clients if len(c.train)).x[:2])
     try:
         with torch.no_grad():
@@ -71,6 +81,9 @@ def _run(argv: list[str]) -> int:
         cfg = load_config(argv)
         data = build_data(cfg)
         check_model(cfg, data)
+        if wandb_mode(cfg.logger.wandb.mode) == "online" and not has_wandb_key():
+            raise ConfigError("logger.wandb.mode=online needs a W&B API key (wandb login, or WANDB_API_KEY); "
+                              "use logger.wandb.mode=offline (or auto) to log locally and `wandb sync` later")
         server = METHODS[cfg.method.name].server_cls(cfg)
         try:  # Fabric validates accelerator / devices / strategy before anything is written
             make_fabric(cfg, [], [])

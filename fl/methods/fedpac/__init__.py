@@ -51,6 +51,7 @@ class FedPACConfig(MethodConfig):
 
 
 class FedPACClient(ClientModule):
+    needs_backbone = True  # the body and the head are trained apart
     has_global_model = False  # no global head
 
     def __init__(self, cfg, data):

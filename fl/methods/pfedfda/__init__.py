@@ -60,6 +60,7 @@ def _log_prior(module: PFedFDAClient, cid: int) -> Tensor:
 
 
 class PFedFDAClient(ClientModule):
+    needs_backbone = True  # the body and the head are trained apart
     persistent = ("beta",)  # (beta_mu, beta_cov) of the client's last beta search
 
     def __init__(self, cfg, data):
