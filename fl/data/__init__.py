@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 from fl.core import ClientData, FederatedData, Split, Target
 from fl.core.registry import DATASETS, register_dataset
 from fl.data import augment, embedded, embedded_domains, sources  # noqa: F401  (register augmentations, loaders)
-from fl.data.base import DataError, Pool, check_no_variant
+from fl.data.base import DataError, Pool, check_no_variant, check_pool
 from fl.data.federate import federate
 
 __all__ = ["ClientData", "DataError", "FederatedData", "Pool", "Split", "Target", "build_data"]
@@ -35,4 +35,7 @@ def embedded_multi_domain(d: DictConfig) -> Pool:
 
 def build_data(cfg: DictConfig) -> FederatedData:
     seed = cfg.data.partition.seed if cfg.data.partition.seed is not None else cfg.seed
-    return federate(DATASETS[cfg.data.name](cfg.data), cfg.data, seed)
+    d = cfg.data
+    pool = DATASETS[d.name](d)
+    check_pool(pool, str(d.root) if d.name == "arrays" else f"data.name={d.name!r}")  # before any run dir exists
+    return federate(pool, d, seed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+import torch
 from torch import Tensor
 
 from fl.config import ConfigError
@@ -40,3 +41,32 @@ def check_no_variant(d, dataset: str) -> None:
     """A loader without variants refuses `data.variant` (EMNIST's split is the one that has them)."""
     if d.variant is not None:
         raise ConfigError(f"data.variant={d.variant!r} is not used by {dataset}; choices: null")
+
+
+def check_pool(pool: Pool, where: str) -> None:
+    """Refuse data faults when the data is loaded, in one line naming `where` (the file or data.name): left in,
+    they surface later as some method's failure (a NaN pixel trains silently, inf gives a non-finite loss,
+    one class crashes the metrics, a label id of 10**9 sizes an evaluator's buffer by it)."""
+    K = pool.num_classes
+    for xk, yk, split in (("x", "y", pool.train), ("x_test", "y_test", pool.test)):
+        if split is None or not len(split):
+            continue
+        if split.x.is_floating_point():
+            bad = torch.nonzero(~torch.isfinite(split.x).reshape(len(split), -1).all(1)).flatten()
+            if len(bad):
+                raise ConfigError(f"{where}: {xk} holds NaN or inf in {len(bad)} of {len(split)} samples (first: "
+                                  f"sample {int(bad[0])}); inputs must be finite: drop or impute those samples")
+        lo, hi = int(split.y.min()), int(split.y.max())
+        if lo < 0 or hi >= K:
+            raise ConfigError(f"{where}: {yk} holds label {lo if lo < 0 else hi}; labels must be integers in "
+                              f"[0, num_classes) = [0, {K}): remap them")
+    x = pool.train.x
+    if x.min() == x.max():  # a constant input: nothing to learn, and a std computed from it is 0
+        raise ConfigError(f"{where}: every value of x is {x.flatten()[0].item():g} (zero std); the inputs must vary")
+    if pool.std is not None and not all(s > 0 and s != float("inf") for s in pool.std):
+        raise ConfigError(f"{where}: std={list(pool.std)} divides the inputs in normalisation; each channel's "
+                          "must be finite and > 0")
+    classes = pool.train.y.unique()
+    if len(classes) < 2:
+        raise ConfigError(f"{where}: y holds one class ({int(classes[0])}) only; a classifier needs at least 2 "
+                          "classes")
