@@ -2,8 +2,12 @@
 
 Keys: x, y (required); domain; x_test, y_test, domain_test; class_names, domain_names; mean, std.
 x is either uint8 images, [N, H, W], [N, C, H, W] or [N, H, W, C] with C in {1, 3} (stored as NCHW
-and normalised with mean/std, default 0.5 per channel, i.e. to [-1, 1] as FedMosaic and pFedFDA do), or float
-features of any shape [N, ...], used as they are. This is also the route for data no other loader
+and normalised with mean/std, default 0.5 per channel, i.e. to [-1, 1] as FedMosaic and pFedFDA do), or
+floats, used as they are (not normalised): [N, H, W] gets a channel axis ([N, 1, H, W], grayscale) and
+[N, H, W, C] with C in {1, 3} is moved to NCHW, as for uint8, so the image models take them; any other shape
+[N, ...] is a feature vector per sample (for mlp / logistic). Labels are integers in [0, num_classes), with
+num_classes = len(class_names), or else the largest label + 1 (then at most twice the number of distinct
+labels: sparse ids must be remapped). This is also the route for data no other loader
 reads, e.g. LEAF's FEMNIST with writer ids saved as `domain`.
 """
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
+from fl.config import ConfigError
 from fl.core import Split
 from fl.core.registry import register_dataset
 from fl.data.base import DataError, Pool, check_no_variant
@@ -46,8 +51,13 @@ def _tensor(v) -> Tensor:
 
 
 def _images_or_features(x: Tensor, path: Path, key: str) -> Tensor:
-    if x.is_floating_point():
-        return x.float()
+    if x.is_floating_point():  # float images in the layouts uint8 ones take, so the image models accept them
+        x = x.float()
+        if x.dim() == 3:
+            return x.unsqueeze(1)
+        if x.dim() == 4 and x.shape[1] not in (1, 3) and x.shape[-1] in (1, 3):
+            return x.permute(0, 3, 1, 2).contiguous()
+        return x
     if x.dtype != torch.uint8 or x.dim() not in (3, 4):
         raise DataError(path, f"{key} as uint8 images [N,H,W]/[N,C,H,W]/[N,H,W,C] or float features "
                               f"(got {tuple(x.shape)} {x.dtype}; {LAYOUT})", OBTAIN)
@@ -101,6 +111,12 @@ def load_arrays(d: DictConfig) -> Pool:
     num_classes = len(class_names) or int(max(s.y.max() for s in splits)) + 1
     if any(s.y.max() >= num_classes for s in splits):
         raise DataError(path, f"labels below len(class_names) = {num_classes} ({LAYOUT})", OBTAIN)
+    used = len(torch.cat([s.y for s in splits]).unique())
+    if not class_names and num_classes > 2 * used:  # sparse ids (say {0, 10**9}): every id below the largest is a class
+        ys = "y and y_test hold" if test else "y holds"
+        raise ConfigError(f"{path}: labels must be integers in [0, num_classes); {ys} {used} distinct labels up to "
+                          f"{num_classes - 1}: remap them to 0..{used - 1} (numpy.unique(y, return_inverse=True)), "
+                          "or give class_names to keep these ids")
     domain_names = _names(blob, "domain_names")
     if train.domain is not None:
         num_domains = int(max(s.domain.max() for s in splits)) + 1
