@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -74,8 +75,16 @@ def load_or_generate(root: str, num_classes: int, samples_per_class: int, channe
     key = f"v2-{num_classes}-{samples_per_class}-{channels}-{size}-{noise}"
     path = Path(root) / "embedded" / f"{hashlib.sha1(key.encode()).hexdigest()[:12]}.pt"
     if path.is_file():
-        blob = torch.load(path)
-        return blob["x"], blob["y"]
+        n = num_classes * samples_per_class
+        try:
+            blob = torch.load(path)
+            x, y = blob["x"], blob["y"]
+            if x.dtype == torch.uint8 and x.shape == (n, channels, size, size) and y.shape == (n,):
+                return x, y
+            reason = "not the expected images"
+        except Exception as err:  # truncated or overwritten; the data is generated, so regenerating is the fix
+            reason = f"unreadable: {type(err).__name__}"
+        warnings.warn(f"embedded data cache {path} is {reason}; regenerating it", stacklevel=2)
     x, y = generate(num_classes, samples_per_class, channels, size, noise)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
