@@ -316,9 +316,9 @@ def _apply_client_transform(clients: list[ClientData], d: DictConfig, seed: int)
                           "transform: use it with data.client_transform_after_augment=false")
     num_clients, level = len(clients), d.client_transform_level
     for cid, c in enumerate(clients):
-        if c.train.x.dtype != torch.uint8:
-            raise ConfigError(f"data.client_transform={d.client_transform!r} needs uint8 images; "
-                              f"data.name={d.name!r} gives {c.train.x.dtype}")
+        if c.train.x.dtype != torch.uint8 or c.train.x.dim() != 4 or c.train.x.shape[1] != 3:  # colour shifts
+            raise ConfigError(f"data.client_transform={d.client_transform!r} needs uint8 RGB images [N, 3, H, W]; "
+                              f"data.name={d.name!r} gives {c.train.x.dtype} {list(c.train.x.shape[1:])}")
         shift = functools.partial(fn, client=cid, num_clients=num_clients, seed=seed, level=level)
         if per_batch:  # training batches are shifted after their crop; evaluation batches are not cropped
             evaluated = [s for s in _splits(c) if s is not c.train]
