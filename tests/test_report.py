@@ -70,32 +70,34 @@ def test_table_values_are_mean_and_sample_std_over_seeds(runs_dir, tmp_path):
     assert len(runs) == 5 and notes == []
     paths = write_report(runs, tmp_path / "report")
     md = paths["markdown"].read_text()
-    # fedavg finals 0.5, 0.6, 0.7 -> 0.6 ± 0.1; last 2 means 0.45, 0.55, 0.6 -> 0.5333 ± 0.0764
+    # fedavg finals 0.5, 0.6, 0.7 -> 0.6 ± 0.1; last 2 means 0.45, 0.55, 0.6 -> 0.5333 ± 0.0764 (in %)
     lastk = [statistics.mean(a[-LAST_K:]) for a in ACC["fedavg"].values()]
-    expected_last = f"{statistics.mean(lastk):.4f} ± {statistics.stdev(lastk):.4f}"
+    expected_last = f"{100 * statistics.mean(lastk):.1f} ± {100 * statistics.stdev(lastk):.1f}"
     head = cell(md, "setting")
     row = cell(md, "fedavg")
     assert row[head.index("seeds")] == "3"
-    assert row[head.index("test/acc_mean_clients final")] == "0.6000 ± 0.1000"
-    assert row[head.index(f"test/acc_mean_clients last {LAST_K}")] == expected_last == "0.5333 ± 0.0764"
-    assert row[head.index("headline (final)")] == "test/acc_mean_clients: 0.6000 ± 0.1000"
-    row = cell(md, "fedprox")  # finals 0.8, 0.6 -> 0.7 ± 0.1414
-    assert row[head.index("test/acc_mean_clients final")] == "0.7000 ± 0.1414"
+    assert row[head.index("test/acc_mean_clients final")] == "60.0 ± 10.0"
+    assert row[head.index(f"test/acc_mean_clients last {LAST_K}")] == expected_last == "53.3 ± 7.6"
+    assert row[head.index("headline (final)")] == "test/acc_mean_clients: 60.0 ± 10.0"
+    row = cell(md, "fedprox")  # finals 0.8, 0.6 -> 0.7 ± 0.1414: the better method, in bold
+    assert row[head.index("test/acc_mean_clients final")] == "**70.0 ± 14.1**"
     tex = paths["latex"].read_text()
-    assert "fedavg & 3 & test/acc\\_mean\\_clients: $0.6000 \\pm 0.1000$" in tex
-    assert "$0.5333 \\pm 0.0764$" in tex and "\\begin{tabular}" in tex and "\\bottomrule" in tex
+    assert "fedavg & 3 & test/acc\\_mean\\_clients: $60.0 \\pm 10.0$" in tex
+    assert "$53.3 \\pm 7.6$" in tex and "$\\mathbf{70.0 \\pm 14.1}$" in tex
+    assert "\\begin{tabular}" in tex and "\\bottomrule" in tex
 
 
 def test_plots_and_self_contained_html(runs_dir, tmp_path):
     runs, _ = load_local([runs_dir])
     paths = write_report(runs, tmp_path / "report")
     pngs = sorted((tmp_path / "report" / "plots").glob("*.png"))
-    assert [p.name for p in pngs] == [file_stem("embedded/dirichlet", "test/acc_mean_clients") + ".png"]  # no traces
-    page = paths["html"].read_text()
+    assert {p.name for p in pngs} == {file_stem("embedded/dirichlet", "test/acc_mean_clients") + ".png",
+                                      file_stem("embedded/dirichlet", "client_distribution", "acc") + ".png"}
+    page = paths["html"].read_text()  # no traces: the runs log no lambda / beta / V / ESS
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    assert len(images) == 1 and base64.b64decode(images[0]) == pngs[0].read_bytes()
+    assert sorted(base64.b64decode(i) for i in images) == sorted(p.read_bytes() for p in pngs)
     assert not re.search(r'src="(?!data:)', page)  # nothing loaded from elsewhere
-    assert "0.6000 ± 0.1000" in page
+    assert "60.0 ± 10.0" in page
 
 
 def test_trace_plots_where_runs_log_lambda_beta_ess_v(tmp_path):
@@ -113,7 +115,8 @@ def test_trace_plots_where_runs_log_lambda_beta_ess_v(tmp_path):
 
 
 def test_settings_sharing_a_long_prefix_get_one_image_each(tmp_path):
-    """Settings whose labels agree on their first 80+ characters: N settings, N files, N different images."""
+    """Settings whose labels agree on their first 80+ characters: N settings, N files, N different images (of
+    each kind: the metric's curve and the clients' accuracies)."""
     long = "a_partition_option_whose_name_alone_is_longer_than_most_file_names_on_a_laptop_screen"
     for i in range(3):
         fake_run(tmp_path / "runs", f"r{i}", {"name": "fedavg"}, 0, [0.1 * (i + 1), 0.2 * (i + 1)],
@@ -122,7 +125,7 @@ def test_settings_sharing_a_long_prefix_get_one_image_each(tmp_path):
     write_report(runs, tmp_path / "report")
     assert len({r.setting for r in runs}) == 3 and len(runs[0].setting) > 80
     pngs = list((tmp_path / "report" / "plots").glob("*.png"))
-    assert len(pngs) == 3 and len({p.read_bytes() for p in pngs}) == 3
+    assert len(pngs) == 6 and len({p.read_bytes() for p in pngs}) == 6
 
 
 def test_variants_settings_and_headline(tmp_path):
@@ -138,20 +141,21 @@ def test_variants_settings_and_headline(tmp_path):
                         "val/target_acc": lambda i: 0.9 - 0.1 * i})
     groups = group_runs(load_local([root])[0])
     keys = set(groups)
-    assert ("embedded/dirichlet partition.alpha=0.5", "fedprox mu=0.01") in keys
-    assert ("embedded/dirichlet partition.alpha=0.5", "fedprox mu=0.1") in keys
-    assert ("embedded/dirichlet partition.alpha=0.1", "fedavg") in keys
-    assert ("embedded/dirichlet partition.alpha=0.5", "fedpals") in keys  # its one ess_frac is not a variant
+    # the setting labels show what differs between settings; every run is on embedded/dirichlet
+    assert ("partition.alpha=0.5", "fedprox mu=0.01") in keys
+    assert ("partition.alpha=0.5", "fedprox mu=0.1") in keys
+    assert ("partition.alpha=0.1", "fedavg") in keys
+    assert ("partition.alpha=0.5", "fedpals") in keys  # its one ess_frac is not a variant
     assert all(len(g) == 2 for g in groups.values())
     rows = {(r["setting"], r["method"]): r for r in table_rows(groups, ["test/acc_mean_clients"])}
-    pals = rows[("embedded/dirichlet partition.alpha=0.5", "fedpals")]
+    pals = rows[("partition.alpha=0.5", "fedpals")]
     assert pals["headline"] == "test/target_acc"
     mean, std, n = pals["cells"]["test/target_acc"]["final"]
     assert n == 2 and mean == pytest.approx(0.605) and std == pytest.approx(statistics.stdev([0.6, 0.61]))
     # model selection on the target validation set picks the first evaluation (val is highest there)
     assert pals["cells"]["test/target_acc"]["best_val"][0] == pytest.approx(0.505)
     # a baseline on FedPALS' setting is read on the setting's headline too
-    assert rows[("embedded/dirichlet partition.alpha=0.5", "fedprox mu=0.1")]["headline"] == "test/target_acc"
+    assert rows[("partition.alpha=0.5", "fedprox mu=0.1")]["headline"] == "test/target_acc"
 
 
 @pytest.mark.slow
@@ -299,4 +303,4 @@ def test_a_sweeps_validation_metric_gets_its_own_model_selection_table(tmp_path)
                         extra_metrics=["val/acc_mean_clients"])["markdown"].read_text()
     assert "## Model selection on val/acc_mean_clients" in text
     expected = (0.7 / 2 + 0.01 + 0.8 / 2 + 0.01) / 2
-    assert f"{expected:.4f}" in text.split("## Model selection on val/acc_mean_clients")[1]
+    assert f"{100 * expected:.1f}" in text.split("## Model selection on val/acc_mean_clients")[1]

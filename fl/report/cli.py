@@ -7,7 +7,9 @@ Runs are read from their run directories (config.yaml, summary.json, metrics.jso
 (config and history; the summary is recomputed from the history the same way fl.train writes
 summary.json). Runs that differ only in their seed are one group. Within a method, the hyperparameters
 that differ between its runs name the variant (e.g. "fedprox mu=0.1"); other keys that differ between
-runs name the setting (e.g. "embedded/dirichlet dirichlet_alpha=0.1"). Exit codes: 0 written, 2 bad input.
+runs name the setting (e.g. "partition.alpha=0.1"; the dataset/partition only where it differs). Accuracies
+are shown in percent, each column's best in bold. A sweep directory (with fl.sweep's sweep.json) also gets a
+plot of its metric against the swept value with the chosen point marked. Exit codes: 0 written, 2 bad input.
 """
 from __future__ import annotations
 
@@ -26,10 +28,11 @@ from fl.report.tables import (
     default_metrics,
     group_runs,
     latex_table,
+    load_sweeps,
     markdown_table,
     model_selection,
     model_selection_table,
-    sweep_metrics,
+    setting_base,
     table_rows,
 )
 from fl.report.wandb_access import load_wandb
@@ -38,8 +41,9 @@ from fl.report.wandb_access import load_wandb
 # ---- the report ----------------------------------------------------------------------------------------
 def write_report(runs: list[Run], out: Path, metrics: Optional[list[str]] = None, plots: bool = True,
                  title: str = "Comparison", notes: Optional[list[str]] = None,
-                 extra_metrics: Optional[list[str]] = None) -> dict[str, Path]:
-    """report.md, report.tex, plots/*.png and report.html (self-contained) in `out`."""
+                 extra_metrics: Optional[list[str]] = None, sweeps: tuple = ()) -> dict[str, Path]:
+    """report.md, report.tex, plots/*.png and report.html (self-contained) in `out`. `sweeps`: the sweep.json
+    manifests of sweep directories among the inputs (load_sweeps), each plotted against its swept value."""
     groups = group_runs(runs)
     metrics = metrics or default_metrics(groups, extra_metrics)
     rows = table_rows(groups, metrics)
@@ -47,10 +51,16 @@ def write_report(runs: list[Run], out: Path, metrics: Optional[list[str]] = None
     md = markdown_table(rows, metrics)
     figures = []
     if plots:
-        figures = all_figures(groups, metrics, out / "plots")
+        figures = all_figures(groups, metrics, out / "plots", sweeps)
     k = ", ".join(sorted({str(x) for r in rows for x in r["last_k"]}))
     caption = (f"Mean ± sample std over seeds. final: the last evaluation; last {k}: the mean over the last {k} "
-               "evaluations; @best val: at the round with the best target validation accuracy.")
+               "evaluations; @best val: at the round with the best target validation accuracy. Accuracies "
+               "(metrics named acc or f1) in %, other metrics as logged. Bold: each column's best among the "
+               "methods of a setting (over the whole column when each setting has one row); lower is better for "
+               "losses, std, KL and adaptability.")
+    bases = {setting_base(r) for r in runs}
+    if len(bases) == 1:  # the labels leave out what every setting shares
+        caption += f" All runs: {bases.pop()}; setting labels show what differs."
     lines = [f"# {title}", "", caption, "", md]
     for val in dict.fromkeys(["val/target_acc"] + [m for m in extra_metrics or [] if m.startswith("val/")]):
         selected = model_selection_table(model_selection(groups, val))
@@ -93,8 +103,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                and not (Path(args.paths[0]) / "summary.json").is_file()
                                                else Path("outputs") / "report")
         metrics = args.metrics.split(",") if args.metrics else None
+        sweeps = load_sweeps(args.paths or [])
         paths = write_report(runs, out, metrics, plots=not args.no_plots, title=args.title, notes=notes,
-                             extra_metrics=sweep_metrics(args.paths or []))
+                             extra_metrics=[s["metric"] for s in sweeps if s.get("metric")], sweeps=sweeps)
     except ReportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -5,12 +5,17 @@ import base64
 import html
 from pathlib import Path
 
-from fl.report.tables import fmt_stat
+from fl.report.tables import bold_cells, fmt_stat
 
-STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
-table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
-th{background:#f3f3f3}td.l{text-align:left}figure{display:inline-block;margin:8px}
-figcaption{font-size:12px;color:#444}img{max-width:640px}"""
+# Sized for a laptop (1366 px): small type, long labels and headers wrap, and a table still wider than the
+# window scrolls inside its own box rather than widening the page.
+STYLE = """body{font-family:system-ui,sans-serif;margin:1em auto;padding:0 1em;max-width:1400px;font-size:14px}
+.scroll{overflow-x:auto;max-width:100%}table{border-collapse:collapse;font-size:12px}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
+th{background:#f3f3f3;white-space:normal;vertical-align:bottom;min-width:4.5em;max-width:9em}
+td.l{text-align:left;white-space:normal;min-width:6em;max-width:18em;overflow-wrap:anywhere}
+figure{display:inline-block;margin:6px;max-width:100%}figcaption{font-size:12px;color:#444}
+img{max-width:min(640px,100%)}"""
 
 
 def image_tag(path: Path, alt: str) -> str:
@@ -18,18 +23,26 @@ def image_tag(path: Path, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
+def breakable(text: str) -> str:
+    """Escaped text that may wrap after / and _ (metric names have no spaces to wrap at)."""
+    return html.escape(text).replace("/", "/<wbr>").replace("_", "_<wbr>")
+
+
 def html_page(title: str, caption: str, rows: list[dict], cols: list[tuple], figures: list[tuple[str, Path]],
               notes: list[str]) -> str:
     head = ["setting", "method", "seeds", "headline (final)"] + [c[2] for c in cols]
+    bold = bold_cells(rows, [(m, s) for m, s, _ in cols])
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>{html.escape(caption)}</p>",
-           "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
-    for r in rows:
-        cells = [(r["setting"], "l"), (r["method"], "l"), (str(len(r["seeds"])), ""),
-                 (f"{r['headline']}: {fmt_stat(r['cells'][r['headline']]['final'])}", "l")]
-        cells += [(fmt_stat(r["cells"][m][s]) if m in r["cells"] else "—", "") for m, s, _ in cols]
-        out.append("<tr>" + "".join(f"<td class='{c}'>{html.escape(t)}</td>" for t, c in cells) + "</tr>")
-    out.append("</table>")
+           "<div class='scroll'><table><tr>" + "".join(f"<th>{breakable(h)}</th>" for h in head) + "</tr>"]
+    for i, r in enumerate(rows):
+        cells = [(html.escape(r["setting"]), "l"), (html.escape(r["method"]), "l"), (str(len(r["seeds"])), ""),
+                 (breakable(f"{r['headline']}: {fmt_stat(r['cells'][r['headline']]['final'], r['headline'])}"), "l")]
+        for m, s, _ in cols:
+            text = html.escape(fmt_stat(r["cells"][m][s], m)) if m in r["cells"] else "—"
+            cells.append((f"<b>{text}</b>" if (i, m, s) in bold else text, ""))
+        out.append("<tr>" + "".join(f"<td class='{c}'>{t}</td>" for t, c in cells) + "</tr>")
+    out.append("</table></div>")
     if figures:
         out.append("<h2>Plots</h2>")
         out += [f"<figure>{image_tag(p, name)}<figcaption>{html.escape(name)}</figcaption></figure>"

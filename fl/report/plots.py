@@ -1,16 +1,23 @@
-"""The report's PNG plots (matplotlib, Agg backend): metric vs round per method with a band of ± one
-sample std over seeds, and per-client / server traces (lambda_i, beta_i, V_i, ESS) where runs log them."""
+"""The report's PNG plots (matplotlib, Agg backend): a sweep's metric against its swept value with the chosen
+point marked, metric vs round per method with a band of ± one sample std over seeds, the distribution of the
+clients' final accuracies per method, and per-client / server traces (lambda_i, beta_i, V_i, ESS) where runs
+log them. Accuracies are drawn in percent, as the tables show them."""
 from __future__ import annotations
 
 import hashlib
+import random
 import re
 import statistics
+import textwrap
 from pathlib import Path
+from typing import Any, Optional
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+
+from fl.report.summary import is_percent  # noqa: E402
 
 # per-client traces: client/<i>/<name>; server traces: exact keys. Names are the methods' logged keys.
 CLIENT_TRACES = ("lambda", "beta", "V")
@@ -35,17 +42,32 @@ def seed_band(runs, key: str) -> tuple[list[int], list[float], list[float]]:
     return [t + 1 for t in rounds], means, stds
 
 
+def _figure(width: float = 6.4):
+    # constrained layout sizes the axes around their titles and labels, so long ones are not clipped
+    return plt.subplots(figsize=(width, 4.0), layout="constrained")
+
+
+def _title(ax, text: str) -> None:
+    # constrained layout does not wrap: a title wider than the figure (long setting labels) would be cut off
+    ax.set_title(textwrap.fill(text, int(ax.figure.get_figwidth() * 11)), fontsize=9)
+
+
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
+def _units(key: str) -> tuple[float, str]:
+    """Factor and axis label of a metric: accuracies in percent, the rest as logged."""
+    return (100.0, f"{key} (%)") if is_percent(key) else (1.0, key)
+
+
 def curve_figure(groups: dict, setting: str, key: str, path: Path):
     """One line per method of `setting`, band = ± std over seeds; None if no run logged `key`."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = _figure()
+    scale, label = _units(key)
     drawn = False
     for (s, method), runs in groups.items():
         if s != setting:
@@ -53,6 +75,7 @@ def curve_figure(groups: dict, setting: str, key: str, path: Path):
         x, mean, std = seed_band(runs, key)
         if not x:
             continue
+        mean, std = [m * scale for m in mean], [d * scale for d in std]
         line, = ax.plot(x, mean, marker="o" if len(x) < 30 else None, markersize=3,
                         label=f"{method} (n={len(runs)})")
         ax.fill_between(x, [m - d for m, d in zip(mean, std)], [m + d for m, d in zip(mean, std)],
@@ -62,8 +85,8 @@ def curve_figure(groups: dict, setting: str, key: str, path: Path):
         plt.close(fig)
         return None
     ax.set_xlabel("round")
-    ax.set_ylabel(key)
-    ax.set_title(f"{setting}: {key} (mean ± std over seeds)", fontsize=9)
+    ax.set_ylabel(label)
+    _title(ax, f"{setting}: {key} (mean ± std over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path)
@@ -81,7 +104,7 @@ def client_trace_figure(runs, title: str, name: str, path: Path):
     keys = client_trace_keys(runs, name)
     if not keys:
         return None
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = _figure()
     per_round: dict[int, list[float]] = {}
     for i, key in enumerate(keys):
         x, mean, _ = seed_band(runs, key)
@@ -92,7 +115,7 @@ def client_trace_figure(runs, title: str, name: str, path: Path):
     xs = sorted(per_round)
     ax.plot(xs, [statistics.mean(per_round[t]) for t in xs], color="black", linewidth=2, label="mean")
     shown = f" (first {MAX_CLIENT_LINES} of {len(keys)} clients)" if len(keys) > MAX_CLIENT_LINES else ""
-    ax.set_title(f"{title}: client/<i>/{name}{shown}, mean over {len(runs)} seed(s)", fontsize=9)
+    _title(ax, f"{title}: client/<i>/{name}{shown}, mean over {len(runs)} seed(s)")
     ax.set_xlabel("round")
     ax.set_ylabel(name)
     ax.grid(alpha=0.3)
@@ -100,15 +123,108 @@ def client_trace_figure(runs, title: str, name: str, path: Path):
     return _save(fig, path)
 
 
-def all_figures(groups: dict, metrics: list[str], folder: Path) -> list[tuple[str, Path]]:
-    """Every plot the report shows: (caption, path)."""
+def final_client_values(runs, name: str) -> list[float]:
+    """Each client's last logged client/<i>/<name>, pooled over the runs (seeds)."""
+    return [points[-1][1] for r in runs for key in client_trace_keys([r], name) if (points := r.series(key))]
+
+
+def client_distribution_figure(groups: dict, setting: str, name: str, path: Path):
+    """One box per method of `setting` over its clients' final client/<i>/<name>, all seeds pooled, with every
+    client drawn as a point on top (a box of ten clients hides how they spread); None if no run logged it."""
+    data = {method: values for (s, method), runs in groups.items()
+            if s == setting and (values := final_client_values(runs, name))}
+    if not data:
+        return None
+    scale, label = _units(name)
+    values = [[v * scale for v in vs] for vs in data.values()]
+    fig, ax = _figure(max(5.0, 2.0 + 0.9 * len(data)))
+    ax.boxplot(values, showfliers=False)  # the points show the outliers
+    jitter = random.Random(0)  # the same picture for the same runs
+    for i, vs in enumerate(values, start=1):
+        ax.scatter([i + jitter.uniform(-0.15, 0.15) for _ in vs], vs, s=10, alpha=0.6, zorder=3)
+    ax.set_xticks(range(1, len(data) + 1), [textwrap.fill(m, 16) for m in data], fontsize=7)
+    ax.set_ylabel(f"final client/<i>/{label}")
+    _title(ax, f"{setting}: clients' final {name} (all clients and seeds)")
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
+
+
+def sweep_points(manifest: dict) -> Optional[tuple[str, dict[str, list[tuple[Any, float, float]]], Optional[tuple]]]:
+    """A sweep.json's metric against its swept value: the x key (the first swept key whose values are all numbers,
+    else the first), one line per combination of the other swept keys as [(x, mean, std over seeds)], and the
+    chosen (best) point as (line, x), None when the sweep chose none. None when nothing was swept or scored."""
+    points = [p for p in manifest.get("points", []) if p.get("mean") is not None]
+    keys = [k for k in (points[0]["params"] if points else {}) if k != "seed"]
+    if not keys:
+        return None
+    numeric = [k for k in keys if all(isinstance(p["params"].get(k), (int, float))
+                                      and not isinstance(p["params"].get(k), bool) for p in points)]
+    x_key = (numeric or keys)[0]
+
+    def line(params: dict) -> str:
+        return " ".join(f"{k}={params.get(k)}" for k in keys if k != x_key)
+
+    lines: dict[str, list[tuple[Any, float, float]]] = {}
+    for p in points:
+        lines.setdefault(line(p["params"]), []).append((p["params"][x_key], p["mean"], p["std"] or 0.0))
+    if x_key in numeric:
+        lines = {k: sorted(v, key=lambda t: t[0]) for k, v in lines.items()}
+    best = manifest.get("best")
+    return x_key, lines, ((line(best["params"]), best["params"][x_key]) if best else None)
+
+
+def sweep_figure(manifest: dict, path: Path):
+    """The sweep's metric (final value, mean ± std over seeds) against the swept value, the chosen point starred;
+    None when sweep_points has nothing to draw."""
+    found = sweep_points(manifest)
+    if found is None:
+        return None
+    x_key, lines, chosen = found
+    metric = manifest.get("metric") or "metric"
+    scale, label = _units(metric)
+    xs = list(dict.fromkeys(x for pts in lines.values() for x, _, _ in pts))
+    numeric = all(isinstance(x, (int, float)) for x in xs)
+    position = (lambda x: x) if numeric else xs.index  # categorical values (method.name) at 0, 1, ...
+    fig, ax = _figure()
+    for name, pts in lines.items():  # categories are not joined by lines: there is nothing between them
+        ax.errorbar([position(x) for x, _, _ in pts], [m * scale for _, m, _ in pts],
+                    yerr=[s * scale for _, _, s in pts], marker="o", markersize=4, capsize=3,
+                    linestyle="-" if numeric else "none", label=name or None)
+    if chosen is not None and chosen[0] in lines:
+        y = next(m for x, m, _ in lines[chosen[0]] if x == chosen[1]) * scale
+        ax.plot([position(chosen[1])], [y], marker="*", markersize=16, color="red", linestyle="none", zorder=4,
+                label=" ".join(["chosen:", *([chosen[0]] if chosen[0] else []), f"{x_key}={chosen[1]}"]))
+    if numeric and min(xs) > 0 and max(xs) / min(xs) >= 100:  # grids like mu in {0.001, ..., 1}
+        ax.set_xscale("log")
+    if not numeric:
+        ax.set_xticks(range(len(xs)), [textwrap.fill(str(x), 14) for x in xs], fontsize=7)
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(label)
+    _title(ax, f"sweep {manifest.get('name', '')}: {metric} (final, mean ± std over seeds; "
+               f"goal: {manifest.get('goal', '?')})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def all_figures(groups: dict, metrics: list[str], folder: Path, sweeps: tuple = ()) -> list[tuple[str, Path]]:
+    """Every plot the report shows: (caption, path). `sweeps`: sweep.json manifests (fl.report.tables.load_sweeps)."""
     figures = []
+    for manifest in sweeps:
+        name, metric = str(manifest.get("name")), str(manifest.get("metric"))
+        path = sweep_figure(manifest, folder / f"{file_stem('sweep', name, metric)}.png")
+        if path is not None:
+            figures.append((f"sweep {name}: {metric} against the swept value", path))
     settings = list(dict.fromkeys(s for s, _ in groups))
     for setting in settings:
         for key in metrics + list(SERVER_TRACES):
             path = curve_figure(groups, setting, key, folder / f"{file_stem(setting, key)}.png")
             if path is not None:
                 figures.append((f"{setting}: {key}", path))
+        path = client_distribution_figure(groups, setting, "acc",
+                                          folder / f"{file_stem(setting, 'client_distribution', 'acc')}.png")
+        if path is not None:
+            figures.append((f"{setting}: client/<i>/acc, final, per method", path))
     for (setting, method), runs in groups.items():
         for name in CLIENT_TRACES:
             title = f"{setting} / {method}"

@@ -8,6 +8,15 @@ def higher_is_better(key: str) -> bool:
     return not any(word in key for word in ("loss", "std", "adaptability", "kl_"))  # risks and KL: lower is better
 
 
+# accuracy-like metrics (fractions in [0, 1]) by the last part of their name: acc_mean_clients, target_acc,
+# client/<i>/acc, target_f1. The report shows them in percent; every other metric (losses, KL, ESS) as logged.
+PERCENT_WORDS = ("acc", "f1")
+
+
+def is_percent(key: str) -> bool:
+    return any(word in key.rsplit("/", 1)[-1] for word in PERCENT_WORDS)
+
+
 def summarize_history(history: list[dict], last_k: int) -> dict:
     """For each metric that was logged on evaluation rounds: its final value, best value (and round),
     and mean and std (population, ddof = 0) over the last K evaluations, FedDRM's "mean ± std over the

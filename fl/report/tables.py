@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fl.report.runs import Run
+from fl.report.summary import higher_is_better, is_percent
 
 DEFAULT_METRIC = "test/acc_mean_clients"
 # keys that never define a setting or a variant: seeds, paths, logging, devices
 IGNORED = ("seed", "data.partition.seed", "resume", "logger.", "fabric.", "data.root", "data.download",
            "data.on_device", "trainer.checkpoint_every", "trainer.eval_batch_size", "partition_fingerprint")
+BASE_KEYS = ("data.name", "data.partition.name")  # a setting's dataset/partition: "embedded/dirichlet"
 
 
 # ---- grouping ----------------------------------------------------------------------------------------
@@ -29,9 +31,14 @@ def _fmt(key: str, value: Any) -> str:
     return f"{short}={value}"
 
 
+def setting_base(run: Run) -> str:
+    return "/".join(str(run.config.get(k, "?")) for k in BASE_KEYS)
+
+
 def label_runs(runs: list[Run]) -> None:
     """Sets each run's method label (name + hyperparameters that vary among that method's runs) and
-    setting label (dataset/partition + other keys that vary among all runs)."""
+    setting label (only what differs between settings: the non-method keys that vary among all runs, with
+    the dataset/partition where it varies or nothing else does)."""
     setting_keys = _varying(runs, lambda k: not k.startswith("method."))
     by_method: dict[str, list[Run]] = {}
     for r in runs:
@@ -40,10 +47,10 @@ def label_runs(runs: list[Run]) -> None:
         keys = _varying(group, lambda k: k.startswith("method.") and k != "method.name")
         for r in group:
             r.method = " ".join([name] + [_fmt(k, r.config.get(k)) for k in keys])
+    base_varies = any(k in BASE_KEYS for k in setting_keys)
     for r in runs:
-        base = f"{r.config.get('data.name', '?')}/{r.config.get('data.partition.name', '?')}"
-        extra = [_fmt(k, r.config.get(k)) for k in setting_keys if k not in ("data.name", "data.partition.name")]
-        r.setting = " ".join([base] + extra)
+        extra = [_fmt(k, r.config.get(k)) for k in setting_keys if k not in BASE_KEYS]
+        r.setting = " ".join(([setting_base(r)] if base_varies or not extra else []) + extra)
 
 
 def group_runs(runs: list[Run]) -> dict[tuple[str, str], list[Run]]:
@@ -131,25 +138,69 @@ def model_selection_table(rows: list[dict]) -> str:
     if not rows:
         return ""
     keys = sorted({k for r in rows for k in r["cells"]})
+    bold = bold_cells(rows, [(k, None) for k in keys])
     head = ["setting", "method", "seeds", *keys, "chosen (per seed)"]
     lines = [f"Selected per seed on the best {rows[0]['val']} over the method's variants; test metrics at that "
              "round, mean ± sample std over seeds.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
+    for i, r in enumerate(rows):
         counts = {v: r["chosen"].count(v) for v in dict.fromkeys(r["chosen"])}
         chosen = ", ".join(f"{v} ({n}x)" for v, n in counts.items())
         cells = [r["setting"], r["method"], str(len(r["seeds"])),
-                 *[fmt_stat(r["cells"][k]) if k in r["cells"] else "—" for k in keys], chosen]
+                 *[fmt_stat(r["cells"][k], k, bold=(i, k, None) in bold) if k in r["cells"] else "—" for k in keys],
+                 chosen]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def fmt_stat(stat: tuple, latex: bool = False, digits: int = 4) -> str:
+def _scale(metric: str) -> tuple[float, int]:
+    """Factor and decimals a metric is shown with: accuracies in percent ("91.5"), the rest as logged."""
+    return (100.0, 1) if is_percent(metric) else (1.0, 4)
+
+
+def fmt_stat(stat: tuple, metric: str = "", latex: bool = False, bold: bool = False) -> str:
+    """mean ± std of `metric` (accuracies in percent); bold as Markdown's **x** or LaTeX's \\mathbf."""
     mean, std, n = stat
     if n == 0:
         return "--" if latex else "—"
-    if std is None:
-        return f"${mean:.{digits}f}$" if latex else f"{mean:.{digits}f}"
-    return f"${mean:.{digits}f} \\pm {std:.{digits}f}$" if latex else f"{mean:.{digits}f} ± {std:.{digits}f}"
+    scale, digits = _scale(metric)
+    pm = " \\pm " if latex else " ± "
+    text = f"{mean * scale:.{digits}f}" + ("" if std is None else f"{pm}{std * scale:.{digits}f}")
+    if latex:
+        return f"$\\mathbf{{{text}}}$" if bold else f"${text}$"
+    return f"**{text}**" if bold else text
+
+
+def cell_stat(row: dict, metric: str, stat: Optional[str] = None) -> Optional[tuple]:
+    """A row's (mean, std, n) of `metric`'s statistic (final / last / best_val; model-selection rows have only
+    one: stat None); None where no seed has a value."""
+    cell = row["cells"].get(metric)
+    if cell is not None and stat is not None:
+        cell = cell[stat]
+    return cell if cell and cell[2] else None
+
+
+def compared_rows(rows: list[dict]) -> list[list[int]]:
+    """The groups of rows a column's best is picked among: the methods of each setting (different data are not
+    compared); when every setting has one row (a sweep over a data or trainer key), the whole column."""
+    by: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by.setdefault(r["setting"], []).append(i)
+    return list(by.values()) if any(len(b) > 1 for b in by.values()) else [list(range(len(rows)))]
+
+
+def bold_cells(rows: list[dict], cols: list[tuple[str, Optional[str]]]) -> set[tuple[int, str, Optional[str]]]:
+    """(row index, metric, statistic) of each column's best mean, by the metric's goal (higher is better but for
+    losses, std, KL and adaptability). Compared as shown, so equal-looking values are all bold; a column whose
+    values all look the same has none."""
+    best = set()
+    for metric, stat in cols:
+        scale, digits = _scale(metric)
+        for block in compared_rows(rows):
+            shown = {i: round(c[0] * scale, digits) for i in block if (c := cell_stat(rows[i], metric, stat))}
+            if len(set(shown.values())) > 1:
+                top = (max if higher_is_better(metric) else min)(shown.values())
+                best |= {(i, metric, stat) for i, v in shown.items() if v == top}
+    return best
 
 
 def columns(rows: list[dict], metrics: list[str]) -> list[tuple[str, str, str]]:
@@ -166,12 +217,14 @@ def columns(rows: list[dict], metrics: list[str]) -> list[tuple[str, str, str]]:
 
 def markdown_table(rows: list[dict], metrics: list[str]) -> str:
     cols = columns(rows, metrics)
+    bold = bold_cells(rows, [(m, s) for m, s, _ in cols])
     head = ["setting", "method", "seeds", "headline (final)"] + [c[2] for c in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
+    for i, r in enumerate(rows):
         cells = [r["setting"], r["method"], str(len(r["seeds"])),
-                 f"{r['headline']}: {fmt_stat(r['cells'][r['headline']]['final'])}"]
-        cells += [fmt_stat(r["cells"][m][s]) if m in r["cells"] else "—" for m, s, _ in cols]
+                 f"{r['headline']}: {fmt_stat(r['cells'][r['headline']]['final'], r['headline'])}"]
+        cells += [fmt_stat(r["cells"][m][s], m, bold=(i, m, s) in bold) if m in r["cells"] else "—"
+                  for m, s, _ in cols]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -186,14 +239,16 @@ def _tex(text: str) -> str:
 
 def latex_table(rows: list[dict], metrics: list[str]) -> str:
     cols = columns(rows, metrics)
+    bold = bold_cells(rows, [(m, s) for m, s, _ in cols])
     head = ["Setting", "Method", "$n$", "Headline (final)"] + [_tex(c[2]) for c in cols]
     lines = ["% mean $\\pm$ sample std over seeds; needs \\usepackage{booktabs}",
              "\\begin{tabular}{" + "ll" + "r" * (len(head) - 2) + "}", "\\toprule",
              " & ".join(head) + " \\\\", "\\midrule"]
-    for r in rows:
+    for i, r in enumerate(rows):
         cells = [_tex(r["setting"]), _tex(r["method"]), str(len(r["seeds"])),
-                 f"{_tex(r['headline'])}: {fmt_stat(r['cells'][r['headline']]['final'], latex=True)}"]
-        cells += [fmt_stat(r["cells"][m][s], latex=True) if m in r["cells"] else "--" for m, s, _ in cols]
+                 f"{_tex(r['headline'])}: {fmt_stat(r['cells'][r['headline']]['final'], r['headline'], latex=True)}"]
+        cells += [fmt_stat(r["cells"][m][s], m, latex=True, bold=(i, m, s) in bold) if m in r["cells"] else "--"
+                  for m, s, _ in cols]
         lines.append(" & ".join(cells) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"
@@ -205,13 +260,12 @@ def default_metrics(groups: dict, extra: Optional[list[str]] = None) -> list[str
     return list(dict.fromkeys([m for ms in heads.values() for m in ms] + (extra or []) + [DEFAULT_METRIC]))
 
 
+def load_sweeps(paths: list) -> list[dict]:
+    """The sweep.json of each sweep directory among `paths`: fl.sweep's points (params, per-seed values),
+    metric, goal and best point."""
+    return [json.loads(m.read_text()) for m in (Path(p) / "sweep.json" for p in paths) if m.is_file()]
+
+
 def sweep_metrics(paths: list) -> list[str]:
-    """The metric of each sweep directory among `paths` (from the runner's sweep.json)."""
-    found = []
-    for p in map(Path, paths):
-        manifest = p / "sweep.json"
-        if manifest.is_file():
-            metric = json.loads(manifest.read_text()).get("metric")
-            if metric:
-                found.append(metric)
-    return found
+    """The metric of each sweep directory among `paths`."""
+    return [s["metric"] for s in load_sweeps(paths) if s.get("metric")]
