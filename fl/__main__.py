@@ -1,5 +1,5 @@
 import sys
 
-from fl.run.train import main
+from fl.train import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -1,7 +1,17 @@
-"""`python -m fl.train [conf=NAME] [key=value ...]`: the entry point (fl/run/train.py does the work)."""
+"""`python -m fl.train [conf=NAME] [key=value ...]` and the `fl-train` command: the entry point (fl/run/train.py
+does the work)."""
 import sys
 
-from fl.run.train import main
+
+def entry() -> int:
+    """Ctrl-C while torch and Lightning import ends quietly, as it does later."""
+    try:
+        from fl.run.train import main
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return main()
+
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

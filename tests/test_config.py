@@ -46,6 +46,10 @@ from tests.helpers import run_cli, tiny
     ("method.name=fedpac model.name=logistic", ["method.name='fedpac'", "no backbone"]),
     ("model.name=resnet18 model.norm=group model.groups=7", ["model.groups=7"]),
     ("seed=${nope}", ["seed:", "'nope' not found", "command line"]),
+    # messages that misled
+    ("data.public_size=100000", ["data.public_size=100000 leaves no samples for the clients"]),
+    ("method.name={a:1}", ["method.name=", "is not valid", "fedavg"]),
+    (".trainer.rounds=2", ["'.trainer.rounds=2'", "leading"]),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(out, capsys, arg, words):
     assert main(tiny(out, *arg.split(" "))) == 2

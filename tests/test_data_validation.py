@@ -1,5 +1,5 @@
 """Data faults are refused when the data is loaded: exit 2, one line naming the file and the problem, no run
-directory. Before, they surfaced later as some method's failure, or not at all (issue 16, items 16 and 18)."""
+directory. Before, they surfaced later as some method's failure, or not at all."""
 import numpy as np
 import pytest
 import torch
@@ -102,6 +102,14 @@ def test_colour_transforms_refuse_grayscale_in_one_line(out, capsys):
     assert main(arrays_args(out, path, "data.client_transform=feddrm_color")) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: data.client_transform='feddrm_color' needs uint8 RGB images") and "\n" not in err
+    assert not (out / "outputs").exists()
+
+
+def test_an_image_model_on_feature_vectors_is_one_line_naming_the_fix(out, capsys):
+    path = fakes.arrays(out / "feat.npz", x=images(5), y=Y)
+    assert main(arrays_args(out, path)) == 2  # the default model is the CNN
+    err = capsys.readouterr().err.strip()
+    assert "model.name='cnn' cannot take the inputs" in err and "model.name=mlp" in err and "\n" not in err
     assert not (out / "outputs").exists()
 
 

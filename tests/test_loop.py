@@ -162,6 +162,13 @@ def test_nan_loss_stops_the_run_naming_method_client_round_and_keeps_the_checkpo
     assert not (out / "outputs" / "nan" / "summary.json").exists()
 
 
+def test_a_nan_before_any_checkpoint_does_not_point_at_a_missing_one(out, capsys):
+    assert main(tiny(out, "method.name=test_nan_at_round_2", "trainer.checkpoint_every=0",
+                     "logger.run_name=nan")) == 1
+    err = capsys.readouterr().err
+    assert "no checkpoint was written yet" in err and "last good checkpoint" not in err
+
+
 def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_same_run(out, monkeypatch):
     full = run(out, "trainer.rounds=5", "trainer.checkpoint_every=10", name="full")
     undo = ctrl_c_at_round(monkeypatch, 3)

@@ -43,7 +43,7 @@ def test_compare_notebook_executes_on_quickstart_runs(tmp_path, monkeypatch):
     summaries = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "outputs").glob("*/summary.json")}
     finals = [summaries[f"fedavg-s{s}"]["final"]["test/acc_mean_clients"] for s in (0, 1)]
     mean = sum(finals) / 2
-    assert f"{mean:.4f} ± " in text  # the table's fedavg cell is the mean of the two runs' summary.json
+    assert f"{100 * mean:.1f} ± " in text  # the table's fedavg cell (percent) is the mean of the two runs' summary.json
     assert any("image/png" in o.get("data", {}) for o in outputs)
     for name in ("report.md", "report.tex", "report.html"):
         assert (tmp_path / "report" / name).is_file()

@@ -7,6 +7,7 @@ from fl.config.load import (
                               RESUMABLE_KEYS,
                               available_confs,
                               choices_msg,
+                              config_diff,
                               load_conf_file,
                               load_config,
                               parse_argv,
@@ -27,4 +28,5 @@ from fl.config.schema import (
 
 __all__ = ["ConfigError", "Config", "DataConfig", "EmbeddedConfig", "MethodConfig", "PartitionConfig", "TargetConfig",
            "param", "search_spaces", "CONF_DIR", "DEFAULT_CONF", "MOVED_KEYS", "RESUMABLE_KEYS", "available_confs",
-           "choices_msg", "load_conf_file", "load_config", "parse_argv", "resolve_conf_path", "to_yaml", "validate"]
+           "choices_msg", "config_diff", "load_conf_file", "load_config",
+           "parse_argv", "resolve_conf_path", "to_yaml", "validate"]

@@ -75,13 +75,26 @@ def resolve_conf_path(name: str) -> Path:
                       f"choices: {', '.join(available_confs())} (or a path to a .yaml file)")
 
 
-def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
-    """Dotted keys of the leaves (interpolations left unresolved)."""
+def _leaves(node: Any, prefix: str = "", resolve: bool = False) -> dict[str, Any]:
+    """Dotted key -> value of the leaves (lists are leaves)."""
     if isinstance(node, DictConfig):
-        node = OmegaConf.to_container(node, resolve=False)
+        node = OmegaConf.to_container(node, resolve=resolve)
     if isinstance(node, dict):
-        return [k for key, value in node.items() for k in _leaf_keys(value, f"{prefix}{key}.")]
-    return [prefix.rstrip(".")]
+        return {k: v for key, value in node.items() for k, v in _leaves(value, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): node}
+
+
+def _leaf_keys(node: Any) -> list[str]:
+    """Dotted keys of the leaves (interpolations left unresolved)."""
+    return list(_leaves(node))
+
+
+def config_diff(old: Any, new: Any, ignore: tuple[str, ...] = RESUMABLE_KEYS) -> list[tuple[str, Any, Any]]:
+    """(key, old value, new value) for each resolved leaf that differs, keys starting with `ignore` aside;
+    a key missing on one side shows as None there."""
+    a, b = _leaves(old, resolve=True), _leaves(new, resolve=True)
+    return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())
+            if not k.startswith(ignore) and a.get(k) != b.get(k)]
 
 
 def refuse_moved_keys(node: DictConfig, where: str) -> None:
@@ -148,6 +161,9 @@ def parse_argv(argv: list[str]) -> tuple[Optional[str], list[str]]:
     for arg in argv:
         if "=" not in arg or arg.startswith("="):
             raise ConfigError(f"argument {arg!r} is not key=value (e.g. conf=quickstart trainer.rounds=5)")
+        if arg.split("=", 1)[0].startswith(".") or ".." in arg.split("=", 1)[0]:
+            raise ConfigError(f"argument {arg!r}: a key is dotted names without a leading or empty part "
+                              "(e.g. trainer.rounds=2)")
         if arg.startswith("conf="):
             conf = arg.split("=", 1)[1]
         else:
@@ -156,7 +172,7 @@ def parse_argv(argv: list[str]) -> tuple[Optional[str], list[str]]:
 
 
 def _method_config_cls(name: Any):
-    if name not in registry.METHODS:
+    if not isinstance(name, str) or name not in registry.METHODS:
         raise ConfigError(choices_msg("method.name", name, registry.METHODS))
     return registry.METHODS[name].config_cls
 
@@ -288,9 +304,12 @@ def load_config(argv: list[str]) -> DictConfig:
     check_shapes(cli, "command line")
     resume = OmegaConf.select(cli, "resume", default=None)
     if resume is not None:
-        base = _resume_base(resume, conf, cli)
+        base = _resume_base(resume, conf, cli, argv)
     else:
         base = load_conf_file(resolve_conf_path(conf or DEFAULT_CONF))
+        if OmegaConf.select(base, "resume", default=None) is not None:
+            raise ConfigError(f"{resolve_conf_path(conf or DEFAULT_CONF)}: resume cannot be set in a config file; "
+                              "pass resume=<run dir> on the command line")
     file_method, cli_method = _method_name(base), OmegaConf.select(cli, "method.name", default=None)
     if cli_method is not None and cli_method != file_method and "method" in base:
         base.method = {"name": cli_method}  # the file's hyperparameters belong to the file's method
@@ -308,17 +327,22 @@ def load_config(argv: list[str]) -> DictConfig:
     return cfg
 
 
-def _resume_base(resume: str, conf: Optional[str], cli: DictConfig) -> DictConfig:
-    run_dir = Path(resume)
-    saved = run_dir / "config.yaml"
-    if not saved.is_file():
+def _resume_base(resume: str, conf: Optional[str], cli: DictConfig, argv: list[str]) -> DictConfig:
+    """The run's own config.yaml. The command may repeat the run's conf= and values (the original command
+    with resume= appended); only a change to a key outside RESUMABLE_KEYS is refused."""
+    saved_path = Path(resume) / "config.yaml"
+    if not saved_path.is_file():
         raise ConfigError(f"resume={resume!r}: no config.yaml there; pass a run directory made by fl.train")
-    if conf is not None:
-        raise ConfigError("conf= cannot be combined with resume=; the run's own config.yaml is used")
-    for key in _leaf_keys(cli):
-        if not key.startswith(RESUMABLE_KEYS):
-            raise ConfigError(f"{key} cannot change when resuming; only {', '.join(RESUMABLE_KEYS)} may")
-    return OmegaConf.load(saved)
+    saved = OmegaConf.load(saved_path)
+    if conf is not None:  # the whole command, as a fresh run, must describe the same experiment
+        changed = config_diff(saved, load_config([a for a in argv if not a.startswith("resume=")]))
+    else:
+        changed = config_diff(saved, OmegaConf.merge(saved, cli))
+    if changed:
+        key, old, new = changed[0]
+        raise ConfigError(f"{key} cannot change when resuming: the run has {old!r}, this command {new!r} "
+                          f"(only {', '.join(RESUMABLE_KEYS)} may)")
+    return saved
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -20,10 +20,11 @@ from fl.core.registry import (
 )
 from fl.core.seeding import derive_seed, generator, seed_torch
 from fl.core.server import Server
+from fl.core.state import CheckpointError, latest_checkpoint
 
 __all__ = ["METHODS", "MethodSpec", "build_model", "load_plugins", "register_augmentation", "register_dataset",
            "register_evaluator", "register_method", "register_model", "derive_seed", "generator", "seed_torch",
            "ClientData", "FederatedData", "Split", "Target", "augment", "batch_indices", "build_optimizer",
            "finetune_lr", "round_lr", "HEAD", "ClientModule", "Upload", "EvalContext", "RoundContext", "Server",
            "Evaluator", "GroupedAccuracy", "summarize_clients", "Interrupted", "Orchestrator", "TrainingFault",
-           "make_client_module", "sample_clients"]
+           "make_client_module", "sample_clients", "CheckpointError", "latest_checkpoint"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 from lightning.fabric import Fabric
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from fl.core.client import ClientModule, Upload
 from fl.core.context import EvalContext, RoundContext
@@ -24,7 +24,7 @@ from fl.core.optim import build_optimizer, is_finetune_round
 from fl.core.registry import EVALUATORS, METHODS
 from fl.core.seeding import derive_seed, seed_torch
 from fl.core.server import Server
-from fl.core.state import ClientStateStore, load_checkpoint, save_checkpoint
+from fl.core.state import CheckpointError, ClientStateStore, save_checkpoint
 
 
 class TrainingFault(RuntimeError):
@@ -281,16 +281,25 @@ class Orchestrator:
             "clients": self.store.state_dict(),
             "history": self.history,
             "fingerprint": self.data.fingerprint(),
+            "config": OmegaConf.to_container(self.cfg, resolve=True),  # resume refuses a config.yaml edited since
         }
         save_checkpoint(self.fabric, self.ckpt_path, state)
 
-    def restore(self) -> None:
-        if not self.ckpt_path.is_file():
-            raise FileNotFoundError(f"resume: no checkpoint at {self.ckpt_path}")
-        state = load_checkpoint(self.fabric, self.ckpt_path)
+    def restore(self, state: dict, path: Path) -> None:
+        """Continue from a checkpoint (read by state.read_checkpoint); raises CheckpointError when it does not
+        belong to this run's data or model."""
         if state["fingerprint"] != self.data.fingerprint():
-            raise ValueError(f"resume: the data split of {self.ckpt_path} differs from this config's")
-        self.server.load_state_dict(state["server"], self.fabric.device)
+            raise CheckpointError(f"{path} was written for another data split than this config's")
+        expected = {k: tuple(v.shape) for k, v in self.server.global_params.items()}
+        try:
+            self.server.load_state_dict(state["server"], self.fabric.device)
+        except (RuntimeError, KeyError, TypeError) as err:  # a server state of another method
+            raise CheckpointError(f"{path} does not fit this run's method: {str(err).splitlines()[0][:160]}") from None
+        found = {k: tuple(v.shape) for k, v in self.server.global_params.items()}
+        if found != expected:  # another model's tensors: name the first that differs
+            key = next(k for k in sorted(expected.keys() | found.keys()) if expected.get(k) != found.get(k))
+            raise CheckpointError(f"{path} does not fit this run's model: {key} has shape {found.get(key)} there, "
+                                  f"{expected.get(key)} here")
         self.store.load_state_dict(state["clients"])
         self.history = list(state["history"])
         self.start_round = state["round"] + 1

@@ -138,6 +138,9 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
 
     public, public_pos = None, None
     if d.public_size:  # held out from every client, class-balanced; its labels are for diagnostics only
+        if d.public_size >= int(free.sum()):  # the clients need samples too
+            raise ConfigError(f"data.public_size={d.public_size} leaves no samples for the clients: the pool has "
+                              f"{int(free.sum())} after the held-out test split; use fewer")
         public_pos = proportional_sample(source.y.numpy(), np.ones(K), _rng(seed, "public"), free,
                                          size=d.public_size)
         public, free[public_pos] = source.subset(torch.from_numpy(public_pos)), False

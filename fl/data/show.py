@@ -40,6 +40,9 @@ def describe(data) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(__doc__.strip())
+        return 0
     png = next((a.split("=", 1)[1] for a in argv if a.startswith("png=")), None)
     try:
         cfg = load_config([a for a in argv if not a.startswith("png=")])

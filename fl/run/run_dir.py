@@ -2,6 +2,7 @@
 config.yaml, the partition's description and heatmaps, and summary.json at the end."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -17,20 +18,29 @@ RUN_DIR_ENV = "FL_RUN_DIR"  # lets the processes a Fabric launcher starts find t
 
 
 def new_run_dir(cfg: DictConfig) -> Path:
+    """Create and return outputs/<run_name> (or <run_name>-1, -2, ... when taken, also by a run starting at the
+    same moment: mkdir is the claim)."""
     name = cfg.logger.run_name or f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.method.name}-{cfg.data.name}-s{cfg.seed}"
     base = Path(cfg.logger.output_dir) / name
-    run_dir, n = base, 1
-    while run_dir.exists():
-        run_dir, n = Path(f"{base}-{n}"), n + 1
-    return run_dir
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count():
+        run_dir = Path(f"{base}-{n}") if n else base
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            continue
 
 
 def prepare_run_dir(cfg: DictConfig) -> Path:
     """The parent process creates the run directory and writes config.yaml; launched ranks reuse it."""
     if os.environ.get(RUN_DIR_ENV):
         return Path(os.environ[RUN_DIR_ENV])
-    run_dir = Path(cfg.resume) if cfg.resume else new_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=bool(cfg.resume))
+    if cfg.resume:
+        run_dir = Path(cfg.resume)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = new_run_dir(cfg)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     if not (run_dir / "wandb_id").exists():
         (run_dir / "wandb_id").write_text(uuid.uuid4().hex[:12])

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 from lightning.fabric import Fabric
 from omegaconf import DictConfig
 
-from fl.config import CONF_DIR, ConfigError, load_config
-from fl.core import METHODS, Interrupted, Orchestrator, TrainingFault, build_model
+from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
+from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
 from fl.data import DataError, build_data
 from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
+from fl.run.cli_help import USAGE, list_items, method_help
 from fl.run.loggers import JsonlLogger, make_wandb_logger
 from fl.run.progress import RoundProgress, format_summary
 from fl.run.run_dir import RUN_DIR_ENV, log_partition, prepare_run_dir, write_summary
@@ -46,6 +48,10 @@ def check_model(cfg: DictConfig, data) -> None:
     except (RuntimeError, MemoryError) as err:  # e.g. model.width=100000: a 720 GB layer
         raise ConfigError(f"model.name={m.name!r} with model.width={m.width} cannot be built: "
                           f"{str(err).splitlines()[0][:160]}") from None
+    except (ValueError, TypeError) as err:  # e.g. an image model on feature vectors
+        raise ConfigError(f"model.name={m.name!r} cannot take the inputs of data.name={cfg.data.name!r} (shape "
+                          f"{tuple(data.input_shape)}): {str(err).splitlines()[0][:120]}; for feature vectors use "
+                          "model.name=mlp or logistic") from None
     spec = METHODS[cfg.method.name]
     if spec.client_cls.needs_backbone and not any(p.requires_grad for p in model.backbone.parameters()):
         raise ConfigError(f"method.name={cfg.method.name!r} trains the model's backbone apart from its head; "
@@ -59,6 +65,25 @@ def check_model(cfg: DictConfig, data) -> None:
                           f"(shape {tuple(x.shape[1:])}): {str(err).splitlines()[0]}") from None
 
 
+def resume_point(cfg: DictConfig, data) -> tuple[Path, dict, list[str]] | None:
+    """The checkpoint a resume= run continues from (path, state, problems of newer ones skipped), checked
+    against the run's config.yaml and data; None when the run stopped before its first checkpoint."""
+    if not cfg.resume:
+        return None
+    path, state, skipped = latest_checkpoint(Path(cfg.resume) / "checkpoints")
+    if path is None:
+        return None
+    changed = config_diff(state["config"], cfg) if "config" in state else []
+    if changed:
+        key, old, new = changed[0]
+        raise ConfigError(f"resume: {Path(cfg.resume) / 'config.yaml'} has {key}={new!r} but {path} was written "
+                          f"with {old!r}; a checkpoint continues only the run that wrote it (restore config.yaml or "
+                          "start a new run)")
+    if state["fingerprint"] != data.fingerprint():
+        raise CheckpointError(f"{path} was written for another data split than this config's")
+    return path, state, skipped
+
+
 def make_fabric(cfg: DictConfig, callbacks: list, loggers: list) -> Fabric:
     f = cfg.fabric
     precision = {"32": "32-true", "64": "64-true"}.get(str(f.precision), f.precision)
@@ -66,11 +91,41 @@ def make_fabric(cfg: DictConfig, callbacks: list, loggers: list) -> Fabric:
                   num_nodes=f.num_nodes, callbacks=callbacks, loggers=loggers)
 
 
+def print_only(argv: list[str]) -> int | None:
+    """--help / -h (with method.name= or conf=: that method's hyperparameters), --list KIND and --print-config
+    print and exit; None when the command is a run."""
+    if "--list" in argv or any(a.startswith("--list=") for a in argv):
+        i = argv.index("--list") if "--list" in argv else None
+        kind = argv[i + 1] if i is not None and i + 1 < len(argv) else (
+            "" if i is not None else next(a for a in argv if a.startswith("--list=")).split("=", 1)[1])
+        print(list_items(kind))
+        return 0
+    rest = [a for a in argv if a not in ("-h", "--help", "--print-config")]
+    if "-h" in argv or "--help" in argv:
+        named = any(a.startswith(("method.name=", "conf=")) for a in rest)
+        method = load_config(rest).method if named else None
+        print(method_help(method.name, method) if named else USAGE)
+        return 0
+    if "--print-config" in argv:
+        print(to_yaml(load_config(rest)), end="")
+        return 0
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        printed = print_only(argv)
+    except ConfigError as err:
+        return _fail(str(err), 2)
+    if printed is not None:
+        return printed
     owns_env = RUN_DIR_ENV not in os.environ
     try:
         return _run(argv)
+    except KeyboardInterrupt:  # before the first round (data, model, launch): nothing to keep
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     finally:
         if owns_env:
             os.environ.pop(RUN_DIR_ENV, None)
@@ -81,6 +136,7 @@ def _run(argv: list[str]) -> int:
         cfg = load_config(argv)
         data = build_data(cfg)
         check_model(cfg, data)
+        resume = resume_point(cfg, data)
         if wandb_mode(cfg.logger.wandb.mode) == "online" and not has_wandb_key():
             raise ConfigError("logger.wandb.mode=online needs a W&B API key (wandb login, or WANDB_API_KEY); "
                               "use logger.wandb.mode=offline (or auto) to log locally and `wandb sync` later")
@@ -91,7 +147,7 @@ def _run(argv: list[str]) -> int:
             f = cfg.fabric
             raise ConfigError(f"fabric.accelerator={f.accelerator!r} fabric.devices={f.devices!r} "
                               f"fabric.strategy={f.strategy!r} rejected: {str(err).splitlines()[0]}") from None
-    except ConfigError as err:
+    except (ConfigError, CheckpointError) as err:
         return _fail(str(err) + (_twin_hint(argv) if isinstance(err, DataError) else ""), 2)
     except (ValueError, RuntimeError, FileNotFoundError) as err:
         return _fail(f"{type(err).__name__}: {str(err).splitlines()[0]}", 2)
@@ -107,10 +163,23 @@ def _run(argv: list[str]) -> int:
     if fabric.is_global_zero:
         config = run_dir / "config.yaml"
         config.write_text(f"# partition fingerprint: {data.fingerprint()}\n" + config.read_text())
-    if cfg.resume:
-        orch.restore()
+    if resume is not None:
+        path, state, skipped = resume
+        try:
+            orch.restore(state, path)
+        except CheckpointError as err:
+            return _fail(str(err), 2)
+        del state
         jsonl.rewrite(orch.history)  # metrics.jsonl holds exactly the checkpointed history
+        if fabric.is_global_zero:
+            for problem in skipped:
+                print(f"warning: {problem}; using {path.name} instead", file=sys.stderr)
+            print(f"resuming {run_dir} from {path.name}: round {orch.start_round + 1} of {cfg.trainer.rounds}",
+                  file=sys.stderr)
     elif fabric.is_global_zero:
+        if cfg.resume:
+            print(f"resume: {run_dir} has no checkpoint yet (it stopped before its first); starting it afresh",
+                  file=sys.stderr)
         jsonl.path.write_text("")
         log_partition(data, run_dir, wandb_logger)
     progress = RoundProgress(cfg.trainer.rounds, orch.start_round) if (
@@ -118,12 +187,14 @@ def _run(argv: list[str]) -> int:
     try:
         history = orch.fit(progress)
     except TrainingFault as err:
-        return _fail(f"{err}; the last good checkpoint is {orch.ckpt_path}", 1)
+        kept = (f"the last good checkpoint is {orch.ckpt_path}" if orch.ckpt_path.is_file() else
+                "no checkpoint was written yet")
+        return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1  # one message, not one per process
     except (Interrupted, KeyboardInterrupt) as err:
         if fabric.is_global_zero:
-            where = f"checkpoint {orch.ckpt_path}" if orch.ckpt_path.is_file() else "no checkpoint yet"
-            print(f"\n{err or 'interrupted'}; {where}. Continue with: python -m fl.train resume={run_dir}",
-                  file=sys.stderr)
+            where = (f"checkpoint {orch.ckpt_path}. Continue with" if orch.ckpt_path.is_file() else
+                     "no checkpoint yet. Start it again with")
+            print(f"\n{err or 'interrupted'}; {where}: python -m fl.train resume={run_dir}", file=sys.stderr)
         return 130
     if fabric.is_global_zero:
         summary = summarize_history(history, cfg.trainer.last_k)

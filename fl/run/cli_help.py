@@ -1,0 +1,88 @@
+"""What `python -m fl.train` prints without running: --help, --help with a method, --list KIND."""
+from __future__ import annotations
+
+import sys
+from dataclasses import MISSING, fields
+
+from fl.config import CONF_DIR, available_confs, choices_msg
+from fl.config.errors import ConfigError
+from fl.core import registry
+
+USAGE = """usage: python -m fl.train [conf=NAME] [key=value ...] [resume=RUN_DIR]
+       python -m fl.train --list {methods,configs,datasets,models,evaluators}
+       python -m fl.train method.name=NAME --help      (that method's hyperparameters)
+       python -m fl.train [conf=NAME] [key=value ...] --print-config
+
+Runs a federated experiment: conf=NAME loads conf/NAME.yaml (default: quickstart), key=value overrides any
+config key, e.g.  python -m fl.train conf=fedprox_embedded method.mu=0.1 trainer.rounds=50 seed=3
+A run writes outputs/<run>/ (config.yaml, metrics.jsonl, summary.json, checkpoints/); resume=<run dir>
+continues it. Exit codes: 0 done, 1 a training fault, 2 bad configuration or data (nothing written),
+130 interrupted. The README lists every config key."""
+
+KINDS = ("methods", "configs", "datasets", "models", "evaluators")
+
+
+def _first_line(text: str | None, width: int = 110) -> str:
+    """The first paragraph of a docstring on one line, cut at a word boundary."""
+    para = " ".join((text or "").strip().split("\n\n")[0].split())
+    return para if len(para) <= width else para[:width].rsplit(" ", 1)[0] + " ..."
+
+
+def _describe(builder) -> str:
+    """A builder's docstring, else its module's (a module of one dataset or model says what it is)."""
+    return _first_line(builder.__doc__) or _first_line(sys.modules[builder.__module__].__doc__)
+
+
+def _conf_description(name: str) -> str:
+    """A config's first comment line (every shipped config opens with what it is)."""
+    for line in (CONF_DIR / f"{name}.yaml").read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def list_items(kind: str) -> str:
+    """One line per registered item of `kind`: its name and what it is."""
+    registry.load_plugins()
+    if kind == "methods":
+        items = {n: _first_line(sys.modules[s.client_cls.__module__].__doc__) for n, s in registry.METHODS.items()}
+    elif kind == "configs":
+        items = {n: _conf_description(n) for n in available_confs()}
+    elif kind == "datasets":
+        items = {n: _describe(f) for n, f in registry.DATASETS.items()}
+    elif kind == "models":
+        items = {n: _describe(f) for n, f in registry.MODELS.items()}
+    elif kind == "evaluators":
+        items = {n: _describe(c) for n, c in registry.EVALUATORS.items()}
+    else:
+        raise ConfigError(choices_msg("--list", kind, KINDS))
+    width = max(map(len, items), default=0)
+    return "\n".join(f"{n:{width}s}  {d}" for n, d in sorted(items.items()))
+
+
+def method_help(name: str, values=None) -> str:
+    """The method's hyperparameters (method.<name>=...): type, value (`values`, e.g. a config's method block,
+    else the default), allowed range and help text."""
+    registry.load_plugins()
+    if name not in registry.METHODS:
+        raise ConfigError(choices_msg("method.name", name, registry.METHODS))
+    spec = registry.METHODS[name]
+    lines = [f"method.name={name}: {_first_line(sys.modules[spec.client_cls.__module__].__doc__)}",
+             f"headline metric: {spec.headline or 'test/acc_mean_clients'}", "", "hyperparameters:"]
+    for f in fields(spec.config_cls):
+        if f.name == "name":
+            continue
+        default = f.default_factory() if f.default is MISSING else f.default
+        meta = f.metadata or {}
+        bounds = [f"{op} {meta[key]}" for key, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+                  if meta.get(key) is not None]
+        if meta.get("choices"):
+            bounds.append("one of " + ", ".join(map(str, meta["choices"])))
+        type_name = getattr(f.type, "__name__", str(f.type))
+        rng = f"  [{', '.join(bounds)}]" if bounds else ""
+        value = values[f.name] if values is not None and f.name in values else default
+        was = f", default {default!r}" if value != default else ""
+        lines.append(f"  method.{f.name}={value!r}  ({type_name}{was}){rng}")
+        if meta.get("help"):
+            lines.append(f"      {meta['help']}")
+    return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""What the command line prints without running: usage, lists, a method's hyperparameters, the resolved config;
+and the messages of a stopped run."""
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from fl.core import METHODS
+from fl.run.train import main
+from tests.helpers import ROOT, run_cli
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_prints_usage_and_runs_nothing(flag, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main([flag]) == 0
+    assert capsys.readouterr().out.startswith("usage: python -m fl.train")
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("args", [["--list", "methods"], ["--list=methods"]])
+def test_list_methods_gives_one_line_per_registered_method(args, capsys):
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == sorted(METHODS)
+    assert all(len(line.split(maxsplit=1)) == 2 for line in lines)  # every one says what it is
+
+
+@pytest.mark.parametrize("kind", ["configs", "datasets", "models", "evaluators"])
+def test_list_other_kinds(kind, capsys):
+    assert main(["--list", kind]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(len(line.split(maxsplit=1)) == 2 for line in lines)
+
+
+def test_list_of_an_unknown_kind_is_one_line_exit_2(capsys):
+    assert main(["--list", "method"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "methods" in err
+
+
+def test_method_help_shows_hyperparameters_with_ranges_and_help(capsys):
+    assert main(["method.name=fedprox", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "method.mu=" in out and ">= 0" in out and "proximal" in out.lower()
+
+
+def test_method_help_of_a_config_shows_its_values(capsys):
+    assert main(["conf=fedacd_cifar10_dir01", "method.lam=2", "--help"]) == 0
+    assert "method.lam=2.0  (float, default 1.0)" in capsys.readouterr().out
+
+
+def test_print_config_prints_the_resolved_config(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--print-config", "trainer.rounds=7"]) == 0
+    cfg = OmegaConf.create(capsys.readouterr().out)
+    assert cfg.trainer.rounds == 7 and cfg.method.name == "fedavg"
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_key_with_a_leading_dot_is_named(capsys):
+    assert main([".trainer.rounds=2"]) == 2
+    err = capsys.readouterr().err
+    assert "'.trainer.rounds=2'" in err and "?" not in err
+
+
+@pytest.mark.slow
+def test_console_scripts_are_declared_and_run():
+    text = (ROOT / "pyproject.toml").read_text()
+    for name, target in (("fl-train", "fl.train:entry"), ("fl-sweep", "fl.sweep.runner:main"),
+                         ("fl-report", "fl.report.cli:main")):
+        assert f'{name} = "{target}"' in text
+    for module in ("fl.train", "fl.sweep", "fl.report", "fl.data.show"):
+        res = run_cli(["--help"], cwd=ROOT, script=("-m", module))
+        assert res.returncode == 0 and res.stdout.lower().lstrip().startswith(("usage", "`python")), module

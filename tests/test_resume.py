@@ -1,0 +1,107 @@
+"""Resume when things went wrong: no checkpoint yet, damaged or foreign checkpoints, a config.yaml edited since
+the checkpoint, and the original command repeated with resume= appended."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from fl.run.train import main
+from tests.helpers import load_ckpt, read_metrics, run_tiny, tiny
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+def ckpt_dir(run_dir):
+    return run_dir / "checkpoints"
+
+
+def test_a_run_without_a_checkpoint_starts_afresh_in_its_directory(out, capsys):
+    full = run_tiny(out, "trainer.checkpoint_every=0", name="full")
+    cut = out / "outputs" / "cut"
+    shutil.copytree(full, cut)
+    shutil.rmtree(ckpt_dir(cut))
+    (cut / "metrics.jsonl").write_text('{"round": 0}\n')  # what a run killed in round 1 leaves
+    ckpt_dir(cut).mkdir()
+    (ckpt_dir(cut) / "last.ckpt.tmp").write_bytes(b"\x80\x02half")  # a kill inside the first checkpoint write
+    assert main([f"resume={cut}"]) == 0
+    assert "no checkpoint yet" in capsys.readouterr().err
+    assert read_metrics(cut) == read_metrics(full)
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage", "foreign", "another_model"])
+def test_a_damaged_last_checkpoint_falls_back_to_the_previous_one(out, capsys, damage):
+    # rounds 0..3, a checkpoint every round: last.ckpt is round 3, previous.ckpt round 2
+    run_dir = run_tiny(out, "trainer.rounds=4", "trainer.checkpoint_every=1", name="r")
+    full = read_metrics(run_dir)
+    last, previous = ckpt_dir(run_dir) / "last.ckpt", ckpt_dir(run_dir) / "previous.ckpt"
+    assert load_ckpt(run_dir)["round"] == 3 and torch.load(previous, weights_only=True)["round"] == 2
+    if damage == "empty":
+        last.write_bytes(b"")
+    elif damage == "truncated":
+        last.write_bytes(last.read_bytes()[:200])
+    elif damage == "garbage":
+        last.write_bytes(b"not a checkpoint at all" * 10)
+    elif damage == "foreign":
+        torch.save({"state_dict": {"w": torch.zeros(2)}}, last)
+    else:  # readable, complete, but its tensors belong to another model
+        state = torch.load(last, weights_only=True)
+        state["server"]["global_params"] = {k: torch.zeros(1) for k in state["server"]["global_params"]}
+        torch.save(state, last)
+    if damage == "another_model":  # that is found only when loading it: one line, exit 2
+        assert main([f"resume={run_dir}", "trainer.rounds=5"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "last.ckpt does not fit this run's model" in err
+        return
+    assert main([f"resume={run_dir}", "trainer.rounds=5"]) == 0
+    err = capsys.readouterr().err
+    assert "last.ckpt" in err and "using previous.ckpt instead" in err and "round 4 of 5" in err
+    assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2, 3, 4]
+    assert read_metrics(run_dir)[:3] == full[:3]  # continued from round 2's checkpoint
+
+
+def test_every_checkpoint_unreadable_is_one_line_naming_both(out, capsys):
+    run_dir = run_tiny(out, "trainer.checkpoint_every=1", name="r")
+    for name in ("last.ckpt", "previous.ckpt"):
+        (ckpt_dir(run_dir) / name).write_bytes(b"")
+    assert main([f"resume={run_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "last.ckpt is empty" in err and "previous.ckpt is empty" in err
+
+
+def test_an_edited_config_yaml_is_refused_naming_the_key(out, capsys):
+    run_dir = run_tiny(out, "trainer.rounds=2", name="r")
+    path = run_dir / "config.yaml"
+    cfg = OmegaConf.load(path)
+    cfg.optim.lr = 0.5
+    path.write_text(OmegaConf.to_yaml(cfg))
+    assert main([f"resume={run_dir}", "trainer.rounds=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "optim.lr=0.5" in err and "last.ckpt" in err
+    assert len(read_metrics(run_dir)) == 2  # nothing ran
+
+
+def test_the_same_command_with_resume_appended_is_accepted_and_a_change_is_named(out, capsys):
+    args = tiny(out, "fabric.cpu_threads=1", "seed=3", "logger.run_name=r", "trainer.rounds=2")
+    assert main(args) == 0
+    run_dir = out / "outputs" / "r"
+    assert main(["conf=quickstart", *args, "trainer.rounds=3", f"resume={run_dir}"]) == 0
+    assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2]
+    capsys.readouterr()
+    assert main([*args, "seed=4", f"resume={run_dir}"]) == 2
+    assert "seed cannot change when resuming: the run has 3, this command 4" in capsys.readouterr().err
+
+
+def test_resume_in_a_config_file_is_refused(tmp_path):
+    from fl.config import ConfigError, load_config
+
+    conf = tmp_path / "c.yaml"
+    conf.write_text(f"include: [quickstart]\nresume: {tmp_path / 'elsewhere'}\n")
+    with pytest.raises(ConfigError, match="resume cannot be set in a config file"):
+        load_config([f"conf={conf}"])
+    assert not (tmp_path / "elsewhere").exists()
