@@ -171,7 +171,7 @@ def test_q_kl_and_v():
     assert torch.allclose(v_weights([0.7] * 4), torch.full((4,), 0.25, dtype=torch.float64))
 
 
-# ---- adaptability metrics (spec 3, Eq. 3-5, Theorem 1) ---------------------------------------------
+# ---- adaptability metrics (FedACD Eq. 3-5, Theorem 1) ---------------------------------------------
 
 def test_equal_class_errors_have_risk_norm_over_c_for_any_distributions():
     g = torch.Generator().manual_seed(4)

@@ -1,4 +1,4 @@
-"""FedDRM (spec seed-000 §9.2): the dual identity, Gaussian density-ratio recovery by the client head, routing
+"""FedDRM (Wang et al. 2025): the dual identity, Gaussian density-ratio recovery by the client head, routing
 rules, loss composition, the private head staying on the client. (Its FedRep baseline: test_split_models.py.)"""
 import math
 

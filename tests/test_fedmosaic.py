@@ -1,4 +1,4 @@
-"""FedMosaic and FedCT (spec 002 §9): lambda, the vote, confidences, DP, the privacy contract, the
+"""FedMosaic and FedCT (Abourayya et al.): lambda, the vote, confidences, DP, the privacy contract, the
 communication schedule, public labels never reaching a client, FedCT as an ablation, resume and 1 vs 2
 processes, and the paper's models."""
 import math
@@ -322,8 +322,9 @@ def test_configs_load(conf):
 
 
 def test_a_client_with_flipped_labels_stops_listening(out, monkeypatch):
-    """Spec §7 / §9 #14: with client 0's labels flipped (y -> C-1-y), its pseudo-label loss stays far above
-    its private loss, so its lambda falls well below the clean clients'."""
+    """Lambda weights collaboration by agreement (FedMosaic Sec. 3): with client 0's labels flipped
+    (y -> C-1-y), its pseudo-label loss stays far above its private loss, so its lambda falls well below the
+    clean clients'."""
     build = fl.data.build_data
 
     def flipped(cfg):

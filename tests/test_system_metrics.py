@@ -29,7 +29,7 @@ def test_std_over_the_last_k_rounds_is_the_population_std():
     history = [{"round": r, "test/system_acc": v} for r, v in enumerate([0.1, 0.5, 0.2, 0.4, 0.6])]
     s = summarize_history(history, last_k=3)
     assert s["mean_last_3"]["test/system_acc"] == pytest.approx(0.4)
-    assert s["std_last_3"]["test/system_acc"] == pytest.approx((0.08 / 3) ** 0.5)  # ddof = 0 (spec §8.10)
+    assert s["std_last_3"]["test/system_acc"] == pytest.approx((0.08 / 3) ** 0.5)  # ddof = 0, as np.std
 
 
 def _by_hand(args, method):

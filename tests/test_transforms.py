@@ -23,7 +23,7 @@ def constant(value, n=4, size=32):
     return torch.full((n, 3, size, size), value, dtype=torch.uint8)
 
 
-# ----------------------------------------------------------------------------- FedDRM (seed-000 §5.3)
+# ----------------------------------------------------------------------------- FedDRM (Sec. 3.1, App. F)
 
 def test_feddrm_main_grid_maps_bits_to_gamma_hue_saturation():
     # i & 1 -> gamma, (i >> 1) & 1 -> hue, (i >> 2) & 1 -> saturation
@@ -86,7 +86,7 @@ def test_feddrm_color_rejects_bad_input():
         T.feddrm_color(smooth_images().float(), 0, 8)
 
 
-# ----------------------------------------------------------------------------- CIFAR-S (seed-003 §5.3, §8 #13)
+# ----------------------------------------------------------------------------- CIFAR-S (pFedFDA Sec. 5.1, App. C.1.1)
 
 def test_cifar_s_code_assignment():
     assert T.CIFAR_S_DEFAULT_MODE == "code"
