@@ -50,6 +50,7 @@ from tests.helpers import run_cli, tiny
     ("data.public_size=100000", ["data.public_size=100000 leaves no samples for the clients"]),
     ("method.name={a:1}", ["method.name=", "is not valid", "fedavg"]),
     (".trainer.rounds=2", ["'.trainer.rounds=2'", "leading"]),
+    ("data.partition.name=iid data.num_clients=5000", ["data.num_clients=5000 exceeds the", "needs one"]),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(out, capsys, arg, words):
     assert main(tiny(out, *arg.split(" "))) == 2

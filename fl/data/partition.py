@@ -12,7 +12,8 @@ from fl.config import ConfigError
 
 
 def iid(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-    _check_enough(n, num_clients, 1, "data.num_clients")
+    if num_clients > n:
+        raise ConfigError(f"data.num_clients={num_clients} exceeds the {n} samples available (each client needs one)")
     return [np.sort(part) for part in np.array_split(rng.permutation(n), num_clients)]
 
 
