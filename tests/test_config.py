@@ -50,6 +50,9 @@ from tests.helpers import run_cli, tiny
     ("data.public_size=100000", ["data.public_size=100000 leaves no samples for the clients"]),
     ("method.name={a:1}", ["method.name=", "is not valid", "fedavg"]),
     (".trainer.rounds=2", ["'.trainer.rounds=2'", "leading"]),
+    ("trainer.rounds=null", ["trainer.rounds=null has the wrong type", "int"]),
+    ("trainer.rounds={}", ["trainer.rounds={} has the wrong type"]),
+    ("evaluators.system.x=1", ["'evaluators.system' has no settings"]),
     ("data.partition.name=iid data.num_clients=5000", ["data.num_clients=5000 exceeds the", "needs one"]),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(out, capsys, arg, words):

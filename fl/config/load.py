@@ -193,10 +193,26 @@ def _merge(method_name: Any, *sources) -> DictConfig:
     try:
         return OmegaConf.merge(base, *sources)
     except OmegaConfBaseException as err:
-        raise ConfigError(_omegaconf_message(err, base)) from None
+        raise ConfigError(_omegaconf_message(err, base, sources)) from None
 
 
-def _omegaconf_message(err: OmegaConfBaseException, schema_node: DictConfig) -> str:
+def _given(key: str, sources) -> str:
+    """The value `key` was given (the last source that sets it), written as on the command line."""
+    value = absent = object()
+    for src in sources:
+        try:
+            found = OmegaConf.select(src, key, default=absent, throw_on_resolution_failure=False)
+        except OmegaConfBaseException:
+            continue
+        value = found if found is not absent else value
+    if value is absent:
+        return "?"
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=False)
+    return "null" if value is None else repr(value)
+
+
+def _omegaconf_message(err: OmegaConfBaseException, schema_node: DictConfig, sources=()) -> str:
     key = getattr(err, "full_key", None) or "?"
     if isinstance(err, ConfigKeyError) or "not in" in str(err):
         parent, _, leaf = key.rpartition(".")
@@ -204,6 +220,8 @@ def _omegaconf_message(err: OmegaConfBaseException, schema_node: DictConfig) -> 
         valid = list(node.keys()) if isinstance(node, DictConfig) else []
         where = f"under '{parent}'" if parent else "at the top level"
         hint = _suggest(leaf, valid, f"{parent}." if parent else "")
+        if not valid:
+            return f"unknown key '{key}': '{parent}' has no settings"
         return f"unknown key '{key}'{hint}; valid keys {where}: {', '.join(valid)}"
     if isinstance(err, ValidationError):
         expected = ""
@@ -216,8 +234,7 @@ def _omegaconf_message(err: OmegaConfBaseException, schema_node: DictConfig) -> 
             pass
         if node_type is not None:
             expected = f"; expected {node_type}" if isinstance(node_type, str) else f"; expected {node_type.__name__}"
-        value = getattr(err, "msg", str(err)).split("'")[1] if "'" in getattr(err, "msg", "") else "?"
-        return f"{key}={value!r} has the wrong type{expected}"
+        return f"{key}={_given(key, sources)} has the wrong type{expected}"
     return f"{key}: {str(err).splitlines()[0]}"
 
 
