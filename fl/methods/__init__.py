@@ -3,30 +3,11 @@
 The five papers: FedPALS (fedpals/), FedDRM (feddrm.py), FedMosaic (fedmosaic/, with FedCT), pFedFDA
 (pfedfda/), FedACD (fedacd/). Their baselines: FedAvg, FedProx, FedAvg-FT, FedPer, Local, Centralized,
 SCAFFOLD, FedRep, Ditto, APFL, pFedMe, Per-FedAvg, FedPHP, FedBN, FedBABU, LG-FedAvg, FedRoD, FedPAC.
+
+Every module under this package is imported, in name order, so a new method is one new file (or folder).
 """
-from fl.methods import (  # noqa: F401
-                        apfl,
-                        centralized,
-                        ditto,
-                        fedacd,
-                        fedavg,
-                        fedavg_ft,
-                        fedbabu,
-                        fedbn,
-                        feddrm,
-                        fedmosaic,
-                        fedpac,
-                        fedpals,
-                        fedper,
-                        fedphp,
-                        fedprox,
-                        fedrep,
-                        fedrod,
-                        lg_fedavg,
-                        local,
-                        perfedavg,
-                        pfedfda,
-                        pfedme,
-                        scaffold,
-)
-from fl.methods.fedmosaic import fedct  # noqa: F401
+import importlib
+import pkgutil
+
+for _module in sorted(m.name for m in pkgutil.walk_packages(__path__, prefix=f"{__name__}.")):
+    importlib.import_module(_module)
