@@ -75,8 +75,23 @@ def assert_same_rows(a: list[dict], b: list[dict], abs: float) -> None:
 
 
 # ---- what a run leaves -----------------------------------------------------------------------------
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+TIMING = "time/"  # wall times (time/round_s): they differ from run to run, the rest of a row must not
+
+
+def without_timing(value):
+    """`value` (metrics.jsonl rows, a summary.json, a checkpoint's history) with every time/* key left out, for
+    comparing two runs."""
+    if isinstance(value, dict):
+        return {k: without_timing(v) for k, v in value.items() if not (isinstance(k, str) and k.startswith(TIMING))}
+    if isinstance(value, list):
+        return [without_timing(v) for v in value]
+    return value
+
+
+def read_metrics(run_dir: Path, timing: bool = False) -> list[dict]:
+    """metrics.jsonl's rows, without the time/* wall times unless `timing` (rows of two runs compare equal)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return rows if timing else without_timing(rows)
 
 
 def load_ckpt(run_dir: Path) -> dict:

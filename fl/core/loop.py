@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -110,7 +111,10 @@ class Orchestrator:
         previous = signal.signal(signal.SIGINT, self._on_sigint) if fabric.world_size == 1 else None
         try:
             for rnd in range(self.start_round, rounds):
+                start = time.perf_counter()
                 metrics = self.run_round(rnd)
+                # training, aggregation and evaluation; varies run to run, so tests compare rows without time/*
+                metrics["time/round_s"] = time.perf_counter() - start
                 fabric.log_dict(metrics, step=rnd)
                 self.history.append({"round": rnd, **metrics})
                 last = rnd == rounds - 1
