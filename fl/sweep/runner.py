@@ -69,14 +69,15 @@ def sweep_seeds(sweep: Sweep, requested: Optional[list[int]]) -> tuple[list[Opti
 
 
 def train_argv(sweep: Sweep, job: Job, extra: list[str]) -> list[str]:
-    log = ["logger.progress=false"]
+    """The run's fl.train arguments. Its progress stays on: written to the run's log file (not a terminal), it is
+    one plain line per evaluation round, so `tail -f logs/<run>.log` follows the run."""
     if (job.run_dir / "checkpoints" / "last.ckpt").is_file():  # died mid-run: continue from its checkpoint
-        return [f"resume={job.run_dir}", *log, *[a for a in extra if a.startswith(("logger.", "fabric."))]]
+        return [f"resume={job.run_dir}", *[a for a in extra if a.startswith(("logger.", "fabric."))]]
     if job.run_dir.exists():  # died before its first checkpoint: start it again
         shutil.rmtree(job.run_dir)
     return [*sweep.fixed_args, *point_args(job.point), *([f"seed={job.seed}"] if job.seed is not None else []),
             *extra, f"logger.output_dir={job.run_dir.parent}", f"logger.run_name={job.run_dir.name}",
-            f"logger.wandb.group=sweep-{sweep.name}", *log]
+            f"logger.wandb.group=sweep-{sweep.name}"]
 
 
 def run_jobs(sweep: Sweep, jobs: list[Job], extra: list[str], parallel: int) -> list[Job]:
@@ -91,8 +92,10 @@ def run_jobs(sweep: Sweep, jobs: list[Job], extra: list[str], parallel: int) -> 
     logs.mkdir(parents=True, exist_ok=True)
     running: list[tuple[Job, subprocess.Popen, float, object]] = []
     failed = []
-    env = {**os.environ}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stdout and stderr reach the log in the order they were written
     env.pop("FL_RUN_DIR", None)
+    if todo:
+        print(f"each run's output: {logs}/<run>.log (one line per evaluation round; tail -f to follow)", flush=True)
     try:
         while todo or running:
             while todo and len(running) < parallel:
