@@ -217,6 +217,8 @@ class WandbConfig:
     entity: Optional[str] = None
     group: Optional[str] = param(None, help="defaults to <dataset>/<partition>")
     tags: list = param([])
+    log_checkpoint: bool = param(False, help="online: upload the final checkpoint (checkpoints/last.ckpt) as a W&B "
+                                 "model artifact at the end of the run")
 
 
 @dataclass

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -18,7 +20,7 @@ from fl.report.plots import all_figures
 from fl.report.runs import Run, flatten
 from fl.report.summary import summarize_history
 from fl.report.tables import DEFAULT_METRIC, group_runs
-from fl.report.wandb_access import wandb_mode
+from fl.report.wandb_access import local_last_round, wandb_key, wandb_mode
 
 
 class JsonlLogger(Logger):
@@ -52,7 +54,9 @@ class JsonlLogger(Logger):
                 f.write(json.dumps(row) + "\n")
 
 
-def make_wandb_logger(cfg: DictConfig, run_dir: Path, run_name: str):
+def make_wandb_logger(cfg: DictConfig, run_dir: Path, run_name: str, resume_round: Optional[int] = None):
+    """The W&B logger, or None when disabled. `resume_round`: the checkpointed round a resumed run continues
+    after (see FLWandbLogger: each round reaches W&B once)."""
     mode = wandb_mode(cfg.logger.wandb.mode)
     if mode == "disabled":
         return None
@@ -61,12 +65,20 @@ def make_wandb_logger(cfg: DictConfig, run_dir: Path, run_name: str):
     group = w.group or f"{cfg.data.name}/{cfg.data.partition.name}"
     id_file = run_dir / "wandb_id"
     run_id = id_file.read_text().strip() if id_file.is_file() else None
-    logger = wandb_logger_cls()(cfg, run_dir, name=run_name, save_dir=str(run_dir), project=w.project,
-                                entity=w.entity, group=group, job_type=cfg.method.name, tags=list(w.tags), mode=mode,
-                                id=run_id, resume="allow", config=OmegaConf.to_container(cfg, resolve=True))
+    logger = wandb_logger_cls()(cfg, run_dir, resume_round=resume_round, name=run_name, save_dir=str(run_dir),
+                                project=w.project, entity=w.entity, group=group, job_type=cfg.method.name,
+                                tags=list(w.tags), mode=mode, id=run_id, resume="allow",
+                                config=OmegaConf.to_container(cfg, resolve=True))
     if rank_zero_only.rank == 0 and run_id is None:
         id_file.write_text(logger.experiment.id)
     return logger
+
+
+def rewind_supported() -> bool:
+    """Whether this wandb's init takes resume_from ("<run id>?_step=N", W&B's rewind; wandb >= 0.17.1)."""
+    import wandb
+
+    return "resume_from" in inspect.signature(wandb.init).parameters
 
 
 EVAL_PREFIXES = ("test/", "val/")
@@ -75,6 +87,7 @@ EVAL_PREFIXES = ("test/", "val/")
 @functools.cache
 def wandb_logger_cls():
     """Defined on first use: importing lightning.pytorch costs seconds, and runs without W&B skip it."""
+    from lightning.fabric.loggers.logger import rank_zero_experiment
     from lightning.pytorch.loggers import WandbLogger
 
     class FLWandbLogger(WandbLogger):
@@ -82,36 +95,99 @@ def wandb_logger_cls():
         best and last-K values while the run goes (best/<key>, last<K>/<key>; fl.train adds final/<key> and
         best/<key> from summary.json at the end), a per-client table at every evaluation round, and the
         report's plots (metric vs round, lambda_i / beta_i / V_i / ESS traces) as images at the last round.
-        metrics.jsonl stays the source of truth; everything here is derived from the same rows."""
+        metrics.jsonl stays the source of truth; everything here is derived from the same rows.
 
-        def __init__(self, cfg: DictConfig, run_dir: Path, **kwargs):
+        W&B's step (_step) is the round: everything of a round is one history row, committed when the
+        round's metrics arrive, with `round` in it as the charts' x axis. A resumed run logs each round once
+        (see _start_run)."""
+
+        def __init__(self, cfg: DictConfig, run_dir: Path, resume_round: Optional[int] = None, **kwargs):
             super().__init__(**kwargs)
+            # Lightning passes anonymous=None, which wandb >= 0.19 answers with a deprecation warning on every run
+            self._wandb_init.pop("anonymous", None)
             self._cfg, self._run_dir = cfg, Path(run_dir)
             self._last_k = int(cfg.trainer.last_k)
             self._evals: Optional[list[dict]] = None  # evaluation rows so far (rebuilt from metrics.jsonl on resume)
-            self._defined = False
+            self._mode = self._wandb_init.get("mode")
+            self._resume_round = resume_round
+            self._last = -1  # the last round W&B has; set when the run starts
 
         @property
+        @rank_zero_experiment
         def experiment(self):
-            run = super().experiment
-            if not self._defined and rank_zero_only.rank == 0 and hasattr(run, "define_metric"):
-                self._defined = True
-                define_dashboard_metrics(run, self._last_k)
+            if self._experiment is None:
+                self._experiment = self._start_run()
+                define_dashboard_metrics(self._experiment, self._last_k)
+            return self._experiment
+
+        def _start_run(self):
+            """wandb.init, learning which rounds W&B has already, so that each round reaches it once. A resumed
+            run replays the rounds after its checkpoint; an earlier process may have logged some of them.
+            Online, W&B says where the run stands (its starting step, as _step is the round): rounds past the
+            checkpoint are rewound (resume_from) where this wandb can, else skipped. Offline, every process
+            writes its own segment (offline-run-*) of the run id; the segments' transaction logs hold what W&B
+            will have after `wandb sync`, and rounds in them are skipped. Rounds W&B lacks up to the checkpoint
+            (a killed process loses its unwritten tail; W&B disabled before) are logged from metrics.jsonl."""
+            import wandb
+
+            attach_id = getattr(self, "_attach_id", None)
+            if attach_id is not None and hasattr(wandb, "_attach"):  # a spawned process joins the parent's run
+                return wandb._attach(attach_id)
+            run_id, k = self._wandb_init.get("id"), self._resume_round
+            if self._mode != "online":
+                self._last = local_last_round(self._run_dir / "wandb", run_id) if run_id else -1
+                return wandb.init(**self._wandb_init)
+            run = wandb.init(**self._wandb_init)
+            self._last = int(getattr(run, "starting_step", 0) or 0) - 1
+            if k is None or self._last <= k or not rewind_supported():
+                return run
+            run.finish()  # W&B has rounds past the checkpoint: truncate its history to the checkpoint
+            init = {key: v for key, v in self._wandb_init.items() if key != "resume"}  # resume excludes resume_from
+            try:
+                run = wandb.init(**init, resume_from=f"{run_id}?_step={k}")
+            except Exception as err:  # e.g. rewind not enabled on this W&B server: skip the rounds it has
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                print(f"warning: W&B did not rewind run {run_id} to round {k} ({reason}); its rounds up to "
+                      f"{self._last} stay as logged before", file=sys.stderr)
+                return wandb.init(**self._wandb_init)
+            self._last = k
             return run
 
         @rank_zero_only
         def log_metrics(self, metrics, step=None) -> None:
+            run = self.experiment  # first: starting the run may rewind it, which sets self._last
             metrics = dict(metrics)
-            evaluated = step is not None and any(k.startswith(EVAL_PREFIXES) for k in metrics)
-            if evaluated:
-                metrics.update(self._running_summaries(metrics, step))
-            super().log_metrics(metrics, step)
-            if evaluated:
+            if step is None:  # the partition's images and table, before the first round: they join its row
+                run.log({**self._wandb_row(metrics), "round": self._last + 1}, step=self._last + 1, commit=False)
+            elif step > self._last:  # a resumed run replays rounds after its checkpoint; W&B may have them
+                self._catch_up(run, step)
+                self._log_round(run, metrics, step)
+
+        def _catch_up(self, run, step: int) -> None:
+            """Rounds before `step` that W&B lacks (a killed process's unwritten tail, W&B disabled earlier),
+            from metrics.jsonl, before anything of round `step` is logged (W&B's steps only go up)."""
+            if step > self._last + 1:
+                for row in _read_jsonl(self._run_dir / "metrics.jsonl"):
+                    if self._last < row.get("round", -1) < step:
+                        self._log_round(run, {k: v for k, v in row.items() if k != "round"}, row["round"])
+
+        def _log_round(self, run, metrics: dict, step: int) -> None:
+            row = self._wandb_row(metrics)
+            if any(k.startswith(EVAL_PREFIXES) for k in metrics):
+                row.update(self._running_summaries(metrics, step))
                 table = client_table(metrics, step)
                 if table is not None:
-                    self.experiment.log({"clients/metrics": table, "trainer/global_step": step})
-            if step is not None and step == self._cfg.trainer.rounds - 1:
-                self._log_round_plots(step)
+                    row["clients/metrics"] = table
+            with tempfile.TemporaryDirectory() as tmp:  # the plots' files must exist until they are logged
+                if step == self._cfg.trainer.rounds - 1:
+                    row.update(self._round_plots(Path(tmp)))
+                # one history record per round, committed: W&B has a round whole or not at all
+                run.log({**row, "round": step}, step=step, commit=True)
+            self._last = step
+
+        @staticmethod
+        def _wandb_row(metrics: dict) -> dict:
+            return {wandb_key(k): v for k, v in metrics.items()}
 
         def _running_summaries(self, metrics: dict, step: int) -> dict:
             if self._evals is None:
@@ -122,35 +198,49 @@ def wandb_logger_cls():
 
         @rank_zero_only
         def log_histogram(self, key: str, values: list[float], step: int) -> None:
-            """A distribution (e.g. pFedFDA's beta_i over clients) as a W&B histogram; metrics.jsonl keeps the
-            per-client scalars instead."""
+            """A distribution (e.g. pFedFDA's beta_i over clients) as a W&B histogram in the round's row;
+            metrics.jsonl keeps the per-client scalars instead."""
             import wandb
 
-            self.experiment.log({key: wandb.Histogram(values), "trainer/global_step": step})
+            run = self.experiment
+            if step > self._last:
+                self._catch_up(run, step)
+                run.log({key: wandb.Histogram(values), "round": step}, step=step, commit=False)
 
-        def _log_round_plots(self, step: int) -> None:
+        @rank_zero_only
+        def log_checkpoint(self, path: Path) -> None:
+            """The final checkpoint as a W&B model artifact, online and with logger.wandb.log_checkpoint=true
+            (offline, an artifact would sit in the offline run until `wandb sync`)."""
+            if self._mode != "online" or not self._cfg.logger.wandb.get("log_checkpoint", False):
+                return
             import wandb
 
-            with tempfile.TemporaryDirectory() as tmp:
-                # one run, one setting: the metric part of the caption names the panel
-                images = {"plots/" + re.sub(r"[^A-Za-z0-9]+", "_", name.split(": ")[-1]).strip("_"):
-                          wandb.Image(str(path), caption=name)
-                          for name, path in round_plots(self._cfg, self._run_dir, Path(tmp))}
-                if images:
-                    self.experiment.log({**images, "trainer/global_step": step})
+            run = self.experiment
+            artifact = wandb.Artifact(f"checkpoint-{run.id}", type="model",
+                                      metadata={"round": self._last, "run_dir": str(self._run_dir)})
+            # immutable: the file is not copied to a staging folder; nothing writes it after the last round
+            artifact.add_file(str(path), name=Path(path).name, policy="immutable")
+            run.log_artifact(artifact, aliases=["final", "latest"])
+
+        def _round_plots(self, folder: Path) -> dict:
+            import wandb
+
+            # one run, one setting: the metric part of the caption names the panel
+            return {"plots/" + re.sub(r"[^A-Za-z0-9]+", "_", name.split(": ")[-1]).strip("_"):
+                    wandb.Image(str(path), caption=name)
+                    for name, path in round_plots(self._cfg, self._run_dir, folder)}
 
     return FLWandbLogger
 
 
 def define_dashboard_metrics(run, last_k: int) -> None:
-    """Rounds on the x axis; the run table's columns: <key> = final value, best/<key>, last<K>/<key> (the
-    last two hidden from the charts). W&B's default summary (the last value, a plain number) is kept:
-    an aggregate such as summary="max" turns the summary into {"max": v}, which sweeps cannot read."""
-    run.define_metric("trainer/global_step")
-    for pattern in ("test/*", "val/*", "train/*", "server/*", "comm/*", "client/*"):
-        run.define_metric(pattern, step_metric="trainer/global_step")
+    """`round` on the x axis of every chart; the run table's columns: <key> = final value, best/<key>,
+    last<K>/<key> (the last two hidden from the charts). W&B's default summary (the last value, a plain number)
+    is kept: an aggregate such as summary="max" turns the summary into {"max": v}, which sweeps cannot read."""
+    run.define_metric("round")
+    run.define_metric("*", step_metric="round")
     for pattern in ("best/*", f"last{last_k}/*"):
-        run.define_metric(pattern, step_metric="trainer/global_step", hidden=True)
+        run.define_metric(pattern, step_metric="round", hidden=True)
 
 
 def running_summaries(evals: list[dict], last_k: int) -> dict[str, float]:

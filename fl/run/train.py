@@ -154,7 +154,8 @@ def _run(argv: list[str]) -> int:
 
     run_dir = prepare_run_dir(cfg)
     jsonl = JsonlLogger(run_dir / "metrics.jsonl")
-    wandb_logger = make_wandb_logger(cfg, run_dir, run_dir.name)
+    wandb_logger = make_wandb_logger(cfg, run_dir, run_dir.name,
+                                     resume_round=resume[1]["round"] if resume is not None else None)
     fabric = make_fabric(cfg, [server], [jsonl] + ([wandb_logger] if wandb_logger else []))
     fabric.launch()
     if cfg.fabric.cpu_threads:
@@ -206,6 +207,7 @@ def _run(argv: list[str]) -> int:
             wandb_logger.experiment.summary.update({f"{kind}/{k}": v for kind in ("final", "best")
                                                     for k, v in summary[kind].items()})
             wandb_logger.experiment.summary.update({"headline": summary["headline"]})
+            wandb_logger.log_checkpoint(orch.ckpt_path)
             wandb_logger.experiment.finish()
         print(format_summary(summary))
         files = ", ".join(sorted(p.name for p in run_dir.iterdir()))
