@@ -1,5 +1,7 @@
-"""FedSAM (fl/methods/fedsam.py): with rho = 0 it is FedAvg exactly and its step matches SAM written by hand;
-FedSAM-FT is FedSAM plus the fine-tuning protocol; its configs stay equal to FedDRM's outside the method block."""
+"""FedSAM (fl/methods/fedsam.py) and FedNH (fl/methods/fednh.py): FedSAM with rho = 0 is FedAvg exactly and its
+step matches SAM written by hand; FedSAM-FT is FedSAM plus the fine-tuning protocol; FedNH's server prototype update
+by hand on fabricated messages and end to end, unit-norm and seeded prototypes, resume; the two methods' configs
+stay equal to the protocols they mirror outside the method block."""
 import math
 from pathlib import Path
 
@@ -12,11 +14,15 @@ from omegaconf import OmegaConf
 from fl.config import load_config
 from fl.core import batch_indices, generator, sample_clients
 from fl.data import build_data
+from fl.methods.fednh import PROTOTYPES, FedNHClient, FedNHServer, init_prototypes, update_prototypes
+from fl.run.train import main
 from tests.helpers import (
+    ctrl_c_at_round,
     global_params,
     initial_model,
     load_ckpt,
     read_metrics,
+    record_uploads,
     run_tiny,
     tiny,
 )
@@ -110,10 +116,117 @@ def test_feddrm_ft_sweeps_run_fedsam_ft_with_its_default_rho(sweep):
     assert cfg.finetune.after_round < cfg.trainer.rounds
 
 
+# ---- FedNH ---------------------------------------------------------------------------------------------------------
+def fednh_server(*extra) -> FedNHServer:
+    server = FedNHServer(load_config(["method.name=fednh", *extra]))
+    return server
+
+
+def test_fednh_server_update_by_hand():
+    """Four classes in 2-d, rho = 0.5, two clients. Class 0: both clients, equal counts, means at 90 and 0 degrees
+    -> Pbar at 45 degrees, smoothed with P_0 at 0 degrees -> 22.5 degrees. Class 1: counts 3 and 1 weight the means.
+    Class 2: one client. Class 3: no client has it, so it stays. The backbone is the plain mean."""
+    s = 1 / math.sqrt(2)
+    P = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]])
+    a = {"counts": torch.tensor([2.0, 3.0, 1.0, 0.0]),
+         "prototypes": torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])}
+    b = {"counts": torch.tensor([2.0, 1.0, 0.0, 0.0]),
+         "prototypes": torch.tensor([[1.0, 0.0], [-s, s], [0.0, 0.0], [0.0, 0.0]])}
+    server = fednh_server("method.rho=0.5")
+    server.global_params = {PROTOTYPES: P.clone(), "model.backbone.0.weight": torch.zeros(3)}
+    server.server_step(None, {"model.backbone.0.weight": torch.ones(3)}, {4: b, 1: a})
+    new = server.global_params[PROTOTYPES]
+    pbar1 = torch.tensor([3.0 - s, s]) / 4
+    pbar1 = pbar1 / pbar1.norm()
+    p1 = 0.5 * torch.tensor([0.0, 1.0]) + 0.5 * pbar1
+    expected = torch.stack([torch.tensor([math.cos(math.pi / 8), math.sin(math.pi / 8)]), p1 / p1.norm(),
+                            torch.tensor([-s, s]), torch.tensor([0.0, -1.0])])
+    torch.testing.assert_close(new, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(new.norm(dim=1), torch.ones(4), rtol=0, atol=1e-6)
+    assert torch.equal(server.global_params["model.backbone.0.weight"], torch.ones(3))
+    assert torch.equal(update_prototypes(P, [a, b], rho=1.0), P)  # rho = 1: fixed prototypes (FedUH)
+
+
+@pytest.mark.parametrize("kind", ["orthogonal", "random"])
+@pytest.mark.parametrize("width", [4, 2])  # 16-d features for 10 classes, then 8-d: more classes than dimensions
+def test_fednh_initial_prototypes_are_seeded_unit_vectors(out, kind, width):
+    def prototypes(seed: int) -> torch.Tensor:
+        cfg = load_config(tiny(out, "method.name=fednh", f"method.prototype_init={kind}", f"model.width={width}",
+                               f"seed={seed}"))
+        return FedNHClient(cfg, build_data(cfg)).model.head.prototypes
+
+    P = prototypes(0)
+    assert P.shape == (10, 4 * width)
+    assert torch.equal(P, prototypes(0)) and not torch.equal(P, prototypes(1))
+    expected = init_prototypes(10, 4 * width, generator(0, 0, -1, "fednh/prototypes"), kind).float()
+    assert torch.equal(P, expected)  # the framework's seeding, independent of the model's initialisation
+    torch.testing.assert_close(P.norm(dim=1), torch.ones(10), rtol=0, atol=1e-6)
+    if kind == "orthogonal" and width == 4:
+        torch.testing.assert_close(P @ P.T, torch.eye(10), rtol=0, atol=1e-6)
+
+
+def test_fednh_round_updates_prototypes_from_the_trained_clients_class_means(out):
+    """One client trains (participation 0.1): the new backbone is its model, and the new prototypes are P0 smoothed
+    towards the normalised class means of its normalised features, computed here from the checkpoint."""
+    extra = ("method.name=fednh", "method.rho=0.6", "trainer.rounds=1", "trainer.participation=0.1",
+             "trainer.local_steps=3")
+    run = run_tiny(out, *extra, name="nh")
+    got = global_params(run)
+    cfg = load_config(tiny(out, *extra))
+    data = build_data(cfg)
+    (cid,) = sample_clients(cfg.seed, 0, data.num_clients, cfg.trainer.participation)
+    model = initial_model(cfg, data).eval()
+    model.backbone.load_state_dict({k.removeprefix("model.backbone."): v for k, v in got.items()
+                                    if k.startswith("model.backbone.")})
+    train = data.clients[cid].train
+    with torch.no_grad():
+        z = F.normalize(model.backbone(data.prepare(train.x)), dim=1)
+    P0 = init_prototypes(10, 16, generator(cfg.seed, 0, -1, "fednh/prototypes")).float()
+    expected = P0.clone()
+    for c in train.y.unique():
+        mu = F.normalize(z[train.y == c].mean(0), dim=0)
+        expected[c] = F.normalize(0.6 * P0[c] + 0.4 * mu, dim=0)
+    assert len(train.y.unique()) < 10  # some classes are absent and keep P0
+    torch.testing.assert_close(got[PROTOTYPES], expected, rtol=0, atol=1e-5)
+    assert float(got["model.head.s"]) != 1.0  # s is learned (the authors' code)
+    shared = sum(v.numel() for k, v in got.items() if k != PROTOTYPES)
+    assert rows(run)[0]["comm/bytes_up"] == 4 * (shared + 10 * 16 + 10)  # the model less P, then (mu_k, n_k)
+
+
+def test_fednh_prototypes_stay_unit_norm_and_resume_equals_uninterrupted(out, monkeypatch):
+    """Interrupted (Ctrl-C) in round 2 of 4, then resumed: the same metrics and the same global model, prototypes
+    included (they are part of the server's state_dict)."""
+    extra = ("method.name=fednh", "trainer.rounds=4", "trainer.checkpoint_every=10", "method.rho=0.5")
+    full = run_tiny(out, *extra, name="full")
+    undo = ctrl_c_at_round(monkeypatch, 2)
+    assert main(tiny(out, "fabric.cpu_threads=1", "logger.run_name=cut", *extra)) == 130
+    cut = out / "outputs" / "cut"
+    assert load_ckpt(cut)["round"] == 1
+    undo()
+    assert main([f"resume={cut}"]) == 0
+    assert rows(cut) == rows(full)
+    a, b = global_params(full), global_params(cut)
+    assert a.keys() == b.keys() and PROTOTYPES in a and all(torch.equal(a[k], b[k]) for k in a)
+    torch.testing.assert_close(a[PROTOTYPES].norm(dim=1), torch.ones(10), rtol=0, atol=1e-6)
+    P0 = init_prototypes(10, 16, generator(0, 0, -1, "fednh/prototypes")).float()
+    assert not torch.allclose(a[PROTOTYPES], P0)  # the server moved them
+
+
+def test_fednh_uploads_neither_the_prototypes_nor_a_fixed_scale(out, monkeypatch):
+    seen = record_uploads(monkeypatch, FedNHClient)
+    run = run_tiny(out, "method.name=fednh", "method.learn_s=false", "method.s=10", "trainer.rounds=2", name="fixed")
+    g = global_params(run)
+    assert seen and all(PROTOTYPES not in params and "model.head.s" not in params for _, _, params, _ in seen)
+    assert {k for k in g if k.startswith("model.head.")} == {PROTOTYPES, "model.head.s"}
+    assert float(g["model.head.s"]) == 10.0
+
+
 # ---- configs -------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mine, theirs", [
     ("fedsam_cifar10_dir03", "feddrm_cifar10_dir03"),
     ("fedsam_cifar10_dir03_synthetic", "feddrm_cifar10_dir03_synthetic"),
+    ("fednh_cifar100_dir01", "fedacd_cifar100_dir01"),
+    ("fednh_cifar100_dir01_synthetic", "fedacd_cifar100_dir01_synthetic"),
 ])
 def test_baseline_configs_repeat_their_papers_protocol_outside_the_method_block(mine, theirs):
     a, b = (OmegaConf.to_container(load_config([f"conf={n}"]), resolve=True) for n in (mine, theirs))
@@ -125,3 +238,5 @@ def test_baseline_configs_repeat_their_papers_protocol_outside_the_method_block(
 def test_baseline_configs_hold_the_chosen_values():
     sam = load_config(["conf=fedsam_cifar10_dir03"])
     assert sam.method.rho == 0.05 and sam.model.proj_dim == 256
+    nh = load_config(["conf=fednh_cifar100_dir01"])
+    assert (nh.method.rho, nh.method.s, nh.method.learn_s) == (0.9, 1.0, True) and nh.data.num_clients == 20
