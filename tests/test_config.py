@@ -150,3 +150,11 @@ def test_online_wandb_without_an_api_key_is_refused_before_the_run_directory(out
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "logger.wandb.mode=online needs a W&B API key" in err[0]
     assert not (out / "outputs").exists()
+
+
+def test_an_included_protocol_of_another_method_gives_its_settings_but_not_its_hyperparameters(tmp_path):
+    conf = tmp_path / "fedprox_on_fedacd.yaml"
+    conf.write_text("include: [fedacd_cifar100_dir01_synthetic]\nmethod:\n  name: fedprox\n  mu: 0.01\n")
+    cfg, protocol = load_config([f"conf={conf}"]), load_config(["conf=fedacd_cifar100_dir01_synthetic"])
+    assert dict(cfg.method) == {"name": "fedprox", "mu": 0.01}  # FedACD's lam, tau, ... are not FedProx's
+    assert cfg.trainer == protocol.trainer and cfg.data == protocol.data and cfg.optim == protocol.optim

@@ -152,7 +152,13 @@ def load_conf_file(path: Path, seen: tuple = ()) -> DictConfig:
         if not inc.is_file():
             raise ConfigError(f"{path}: include {name!r} not found (expected {inc})")
         parts.append(load_conf_file(inc, seen + (path,)))
-    return OmegaConf.merge(*parts, node) if parts else node
+    if not parts:
+        return node
+    merged = OmegaConf.merge(*parts)
+    own, inherited = (OmegaConf.select(n, "method.name", default=None) for n in (node, merged))
+    if own is not None and own != inherited and "method" in merged:
+        merged.method = {"name": own}  # an included protocol's hyperparameters belong to its own method
+    return OmegaConf.merge(merged, node)
 
 
 def parse_argv(argv: list[str]) -> tuple[Optional[str], list[str]]:
