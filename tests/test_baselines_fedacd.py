@@ -1,0 +1,137 @@
+"""FedACD's baselines FedNova (fl/methods/fednova.py): each one's defining property (FedNova with equal local steps is
+FedAvg, and its normalised step in closed form with unequal ones), their losses by hand, and their configs equal to
+FedACD's protocol outside the method block.
+None of them keeps state beyond FedAvg's (the global model): the checkpoints are checked to hold nothing else."""
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from fl.config import ConfigError, load_config
+from fl.core import batch_indices, generator
+from fl.data import build_data
+from fl.methods.fedavg import FedAvgClient
+from fl.methods.fednova import normaliser
+from tests.helpers import global_params, initial_model, load_ckpt, read_metrics, record_uploads, run_tiny, tiny
+
+METHODS = ("fednova",)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)  # hand computations reduce in the same order as the runs (fabric.cpu_threads=1)
+
+
+def assert_fedavg_rows(avg: Path, other: Path) -> None:
+    """Every FedAvg metric of every round is the same in `other` (which may log more)."""
+    ra, ro = read_metrics(avg), read_metrics(other)
+    assert len(ra) == len(ro) and [{k: r[k] for k in a} for a, r in zip(ra, ro)] == ra
+
+
+def assert_no_state_beyond_fedavg(run_dir: Path) -> None:
+    """The server keeps only the global model and the clients nothing of their own: resume is FedAvg's."""
+    ckpt = load_ckpt(run_dir)
+    assert set(ckpt["server"]) == {"global_params"}
+    assert all(set(s) == {"private"} and not s["private"] for s in ckpt["clients"].values())
+
+
+def assert_params_close(a: dict, b: dict, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if a[k].is_floating_point():
+            torch.testing.assert_close(a[k], b[k], rtol=rtol, atol=atol, msg=k)
+        else:
+            assert torch.equal(a[k], b[k]), k
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].is_floating_point())
+
+
+# ---- FedNova -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("steps, rho", [(0, 0.9), (1, 0.0), (1, 0.9), (7, 0.0), (7, 0.5), (40, 0.9)])
+def test_fednova_normaliser_is_how_far_torch_sgd_moves_under_a_unit_gradient(steps, rho):
+    """||a_i||_1 = sum_k (1 - rho^k) / (1 - rho): the displacement / lr of torch's SGD (momentum rho, fresh buffer)
+    after `steps` steps of gradient 1."""
+    p = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.SGD([p], lr=0.1, momentum=rho)
+    for _ in range(steps):
+        p.grad = torch.ones_like(p)
+        opt.step()
+    assert normaliser(steps, rho) == pytest.approx(-float(p) / 0.1, rel=1e-12, abs=1e-12)
+    if rho == 0:
+        assert normaliser(steps, rho) == steps
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_fednova_with_equal_local_steps_is_fedavg(out, momentum):
+    """Every client takes 3 steps: every ||a_i||_1 and tau_eff are equal, x - tau_eff sum p_i (x - y_i) / ||a_i||_1
+    is sum p_i y_i (to float rounding), BatchNorm statistics included."""
+    extra = ("trainer.rounds=2", "trainer.local_steps=3", f"optim.momentum={momentum}", "model.norm=batch")
+    avg = run_tiny(out, "method.name=fedavg", *extra, name="avg")
+    nova = run_tiny(out, "method.name=fednova", *extra, name="nova")
+    assert_params_close(global_params(nova), global_params(avg))
+    ra, rn = read_metrics(avg), read_metrics(nova)
+    for a, n in zip(ra, rn):
+        assert n["train/loss"] == pytest.approx(a["train/loss"], abs=1e-6)
+        assert n["test/acc_global"] == pytest.approx(a["test/acc_global"], abs=1e-6)
+        assert n["server/tau_min"] == n["server/tau_max"] == 3
+        assert n["server/tau_eff"] == pytest.approx(normaliser(3, momentum))
+    assert_no_state_beyond_fedavg(nova)
+
+
+def test_fednova_normalises_unequal_local_steps_in_closed_form(out, monkeypatch):
+    """Two local epochs on clients of different sizes (tau_i = 2 ceil(n_i / B)), momentum 0.9: one round of FedNova
+    is x - tau_eff sum_i p_i (x - y_i) / ||a_i||_1 with the y_i FedAvg's clients train (round 0 trains the same),
+    p_i = n_i / sum n_j and tau_eff = sum_i p_i ||a_i||_1; FedAvg's sum_i p_i y_i is measurably elsewhere."""
+    extra = ("trainer.rounds=1", "trainer.local_epochs=2", "optim.momentum=0.9")
+    uploads = record_uploads(monkeypatch, FedAvgClient)
+    avg = global_params(run_tiny(out, "method.name=fedavg", *extra, name="avg"))
+    nova = global_params(run_tiny(out, "method.name=fednova", *extra, name="nova"))
+    cfg = load_config(tiny(out, *extra))
+    data = build_data(cfg)
+    x = {f"model.{k}": v.double() for k, v in initial_model(cfg, data).state_dict().items()}
+    total, tau_eff, direction, taus = 0.0, 0.0, {k: torch.zeros_like(v) for k, v in x.items()}, []
+    for rnd, cid, y, n in uploads:
+        assert rnd == 0
+        gen = generator(cfg.seed, 0, cid, "train")
+        steps = sum(idx is not None for _, idx in batch_indices(len(data.clients[cid].train), cfg.trainer.batch_size,
+                                                                gen, epochs=2, drop_last=cfg.trainer.drop_last))
+        a = sum((1 - 0.9 ** k) / (1 - 0.9) for k in range(1, steps + 1))  # ||a_i||_1, term by term
+        taus.append(steps)
+        total += n
+        tau_eff += n * a
+        for k in x:
+            direction[k] += n * (x[k] - y[k].double()) / a
+    assert len(set(taus)) > 1, taus  # the clients' local steps differ
+    expected = {k: (x[k] - (tau_eff / total) * direction[k] / total).float() for k in x}
+    assert_params_close(nova, expected)
+    assert max_diff(nova, avg) > 1e-3
+
+
+def test_fednova_refuses_optimizers_without_a_normaliser(out):
+    with pytest.raises(ConfigError, match="optim.name=sgd"):
+        load_config(tiny(out, "method.name=fednova", "optim.name=adam"))
+
+
+# ---- configs -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("twin", ["", "_synthetic"])
+def test_configs_repeat_fedacds_protocol_outside_the_method_block(name, twin):
+    mine, theirs = (OmegaConf.to_container(load_config([f"conf={n}_cifar100_dir01{twin}"]), resolve=True)
+                    for n in (name, "fedacd"))
+    assert mine.pop("method")["name"] == name
+    theirs.pop("method")
+    assert mine == theirs
+
+
+CHOSEN = {  # the values each config picks (its comment says why)
+    "fednova": {"optim.name": "sgd", "optim.momentum": 0.9},
+}
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_configs_hold_the_chosen_values(name):
+    cfg = load_config([f"conf={name}_cifar100_dir01"])
+    assert {key: OmegaConf.select(cfg, key) for key in CHOSEN[name]} == CHOSEN[name]
