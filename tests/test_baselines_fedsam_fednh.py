@@ -228,7 +228,7 @@ def test_fednh_uploads_neither_the_prototypes_nor_a_fixed_scale(out, monkeypatch
     ("fednh_cifar100_dir01", "fedacd_cifar100_dir01"),
     ("fednh_cifar100_dir01_synthetic", "fedacd_cifar100_dir01_synthetic"),
 ])
-def test_baseline_configs_repeat_their_papers_protocol_outside_the_method_block(mine, theirs):
+def test_baseline_configs_follow_their_papers_protocol_outside_the_method_block(mine, theirs):
     a, b = (OmegaConf.to_container(load_config([f"conf={n}"]), resolve=True) for n in (mine, theirs))
     assert a.pop("method")["name"] in ("fedsam", "fednh")
     b.pop("method")
