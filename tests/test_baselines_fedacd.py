@@ -1,21 +1,23 @@
-"""FedACD's baselines FedNova (fl/methods/fednova.py): each one's defining property (FedNova with equal local steps is
-FedAvg, and its normalised step in closed form with unequal ones), their losses by hand, and their configs equal to
-FedACD's protocol outside the method block.
+"""FedACD's baselines FedNova, FedLC (fl/methods/fednova.py, fedlc.py): each one's defining property (FedNova with
+equal local steps is FedAvg, and its normalised step in closed form with unequal ones; FedLC on a uniform label mix
+is FedAvg), their losses by hand, and their configs equal to FedACD's protocol outside the method block.
 None of them keeps state beyond FedAvg's (the global model): the checkpoints are checked to hold nothing else."""
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from fl.config import ConfigError, load_config
 from fl.core import batch_indices, generator
 from fl.data import build_data
 from fl.methods.fedavg import FedAvgClient
+from fl.methods.fedlc import calibrated_loss
 from fl.methods.fednova import normaliser
 from tests.helpers import global_params, initial_model, load_ckpt, read_metrics, record_uploads, run_tiny, tiny
 
-METHODS = ("fednova",)
+METHODS = ("fednova", "fedlc")
 
 
 @pytest.fixture(autouse=True)
@@ -115,6 +117,53 @@ def test_fednova_refuses_optimizers_without_a_normaliser(out):
         load_config(tiny(out, "method.name=fednova", "optim.name=adam"))
 
 
+# ---- FedLC ---------------------------------------------------------------------------------------------------------
+def test_fedlc_loss_by_hand():
+    """-log softmax(z - tau n^{-1/4})_y over the classes the client holds; a class it lacks drops out of the softmax
+    and its logit gets no gradient; with equal counts the shift is a constant and the loss is cross-entropy."""
+    z = torch.tensor([[2.0, 0.5, -1.0, 0.3], [0.1, -0.4, 3.0, 1.2]], requires_grad=True)
+    y = torch.tensor([0, 3])
+    counts, tau = torch.tensor([16, 1, 0, 81]), 0.7
+    shift = {0: tau * 16 ** -0.25, 1: tau * 1.0, 3: tau * 81 ** -0.25}
+    expected = 0.0
+    for row, label in zip(z.tolist(), y.tolist()):
+        s = {c: row[c] - shift[c] for c in shift}
+        expected -= s[label] - torch.logsumexp(torch.tensor(list(s.values())), 0).item()
+    loss = calibrated_loss(z, y, counts, tau)
+    assert float(loss) == pytest.approx(expected / 2, rel=1e-6)
+    loss.backward()
+    assert torch.all(z.grad[:, 2] == 0) and torch.all(z.grad[:, [0, 1, 3]] != 0)
+    uniform = torch.full((4,), 16)
+    assert float(calibrated_loss(z, y, uniform, tau)) == pytest.approx(float(F.cross_entropy(z, y)), rel=1e-6)
+
+
+def test_fedlc_with_a_uniform_local_label_mix_is_fedavg(out):
+    """Two clients holding all 10 classes, 16 images each: the calibration shifts every logit by tau 16^{-1/4},
+    so training is FedAvg's (to float rounding)."""
+    extra = ("trainer.rounds=2", "data.test_split=official", "data.num_clients=2", "data.partition.name=classes",
+             "data.partition.classes_per_client=10", "trainer.participation=1.0")
+    data = build_data(load_config(tiny(out, "method.name=fedlc", *extra)))
+    counts = [torch.bincount(c.train.y, minlength=data.num_classes) for c in data.clients]
+    assert all(torch.all(c == c[0]) and c[0] > 0 for c in counts), counts
+    avg = run_tiny(out, "method.name=fedavg", *extra, name="avg")
+    lc = run_tiny(out, "method.name=fedlc", "method.tau=1.0", *extra, name="lc")
+    assert_params_close(global_params(lc), global_params(avg))
+    for a, b in zip(read_metrics(avg), read_metrics(lc)):
+        assert b["train/loss"] == pytest.approx(a["train/loss"], abs=1e-5)
+        assert b["train/ce"] == pytest.approx(a["train/loss"], abs=1e-5)
+        assert b["test/acc_global"] == pytest.approx(a["test/acc_global"], abs=1e-6)
+    assert_no_state_beyond_fedavg(lc)
+
+
+def test_fedlc_calibrates_skewed_clients(out):
+    """On the Dirichlet split the margins differ per class: the run leaves FedAvg's path from round 0."""
+    avg = run_tiny(out, "method.name=fedavg", "trainer.rounds=1", name="avg")
+    lc = run_tiny(out, "method.name=fedlc", "trainer.rounds=1", name="lc")
+    assert max_diff(global_params(lc), global_params(avg)) > 1e-3
+    (row,) = read_metrics(lc)
+    assert row["train/loss"] != row["train/ce"]
+
+
 # ---- configs -------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", METHODS)
 @pytest.mark.parametrize("twin", ["", "_synthetic"])
@@ -128,6 +177,7 @@ def test_configs_repeat_fedacds_protocol_outside_the_method_block(name, twin):
 
 CHOSEN = {  # the values each config picks (its comment says why)
     "fednova": {"optim.name": "sgd", "optim.momentum": 0.9},
+    "fedlc": {"method.tau": 1.0},
 }
 
 
