@@ -1,6 +1,7 @@
-"""FedACD's baselines FedNova, FedLC (fl/methods/fednova.py, fedlc.py): each one's defining property (FedNova with
-equal local steps is FedAvg, and its normalised step in closed form with unequal ones; FedLC on a uniform label mix
-is FedAvg), their losses by hand, and their configs equal to FedACD's protocol outside the method block.
+"""FedACD's baselines FedNova, FedLC, FedNTD (fl/methods/fednova.py, fedlc.py, fedntd.py): each one's defining property
+(FedNova with equal local steps is FedAvg, and its normalised step in closed form with unequal ones; FedLC on a
+uniform label mix is FedAvg; FedNTD with beta = 0 is FedAvg bitwise), their losses by hand, and their configs equal
+to FedACD's protocol outside the method block.
 None of them keeps state beyond FedAvg's (the global model): the checkpoints are checked to hold nothing else."""
 from pathlib import Path
 
@@ -15,9 +16,13 @@ from fl.data import build_data
 from fl.methods.fedavg import FedAvgClient
 from fl.methods.fedlc import calibrated_loss
 from fl.methods.fednova import normaliser
+from fl.methods.fedntd import FedNTDClient, ntd_loss
 from tests.helpers import global_params, initial_model, load_ckpt, read_metrics, record_uploads, run_tiny, tiny
 
-METHODS = ("fednova", "fedlc")
+METHODS = ("fednova", "fedlc", "fedntd")
+# FedAvg-exactness on a BatchNorm model, and on one with dropout (FedCT's CNN)
+MODELS = pytest.mark.parametrize("model", [["model.norm=batch"], ["model.name=fedct_cnn", "trainer.drop_last=true"]],
+                                 ids=["cnn_batchnorm", "bn_and_dropout"])
 
 
 @pytest.fixture(autouse=True)
@@ -164,6 +169,63 @@ def test_fedlc_calibrates_skewed_clients(out):
     assert row["train/loss"] != row["train/ce"]
 
 
+# ---- FedNTD --------------------------------------------------------------------------------------------------------
+def test_ntd_loss_by_hand():
+    """KL(q~_g || q~_l) over the not-true classes at temperature tau, batch mean; blind to the true-class logit."""
+    local = torch.tensor([[1.0, 2.0, -0.5, 0.0], [0.3, -1.0, 0.8, 2.2]], requires_grad=True)
+    glob = torch.tensor([[0.5, 1.0, 1.5, -1.0], [2.0, 0.0, -0.7, 0.4]])
+    y, tau = torch.tensor([1, 3]), 2.0
+    expected = 0.0
+    for zl, zg, label in zip(local.tolist(), glob.tolist(), y.tolist()):
+        rest = [c for c in range(4) if c != label]
+        ql = torch.softmax(torch.tensor([zl[c] / tau for c in rest]), 0)
+        qg = torch.softmax(torch.tensor([zg[c] / tau for c in rest]), 0)
+        expected += float((qg * (qg.log() - ql.log())).sum())
+    loss = ntd_loss(local, glob, y, tau)
+    assert float(loss) == pytest.approx(expected / 2, rel=1e-6)
+    loss.backward()
+    assert local.grad[0, 1] == 0 and local.grad[1, 3] == 0  # the true class takes no part
+    moved = local.detach().clone()
+    moved[0, 1] += 5.0
+    assert float(ntd_loss(moved, glob, y, tau)) == pytest.approx(float(loss), rel=1e-6)
+    assert float(ntd_loss(glob, glob, y, tau)) == 0.0
+
+
+@MODELS
+def test_fedntd_with_beta_0_is_fedavg_exactly(out, model):
+    """The frozen global model runs beside training (eval mode: no BatchNorm update, no dropout draw) and adds
+    0 * L_NTD: every step, the global model and every FedAvg metric are FedAvg's; the copy is never uploaded."""
+    extra = ("trainer.rounds=2", "optim.momentum=0.9", "trainer.local_steps=3", *model)
+    avg = run_tiny(out, "method.name=fedavg", *extra, name="avg")
+    ntd = run_tiny(out, "method.name=fedntd", "method.beta=0", *extra, name="ntd")
+    ga, gn = global_params(avg), global_params(ntd)
+    assert ga.keys() == gn.keys() and all(torch.equal(ga[k], gn[k]) for k in ga)
+    assert_fedavg_rows(avg, ntd)
+    assert all(r["train/ntd"] > 0 for r in read_metrics(ntd))  # the term was computed
+    assert_no_state_beyond_fedavg(ntd)
+
+
+def test_fedntd_distils_the_global_model_of_the_round_start(out, monkeypatch):
+    """At each round's first step the local model is the global model it received, so L_NTD is exactly 0 then
+    (no BatchNorm or dropout here) and positive once training moved it; beta = 1 leaves FedAvg's path."""
+    seen = []
+    original = FedNTDClient.training_step
+
+    def step(self, batch, batch_idx):
+        out_ = original(self, batch, batch_idx)
+        seen.append((self.round, batch_idx, float(out_["ntd"])))
+        return out_
+
+    monkeypatch.setattr(FedNTDClient, "training_step", step)
+    ntd = run_tiny(out, "method.name=fedntd", "trainer.rounds=2", "trainer.local_steps=3", name="ntd")
+    monkeypatch.undo()
+    avg = run_tiny(out, "method.name=fedavg", "trainer.rounds=2", "trainer.local_steps=3", name="avg")
+    assert {r for r, _, _ in seen} == {0, 1}
+    assert all(v == 0.0 for _, i, v in seen if i == 0)
+    assert all(v > 0.0 for _, i, v in seen if i > 0)
+    assert max_diff(global_params(ntd), global_params(avg)) > 1e-4
+
+
 # ---- configs -------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", METHODS)
 @pytest.mark.parametrize("twin", ["", "_synthetic"])
@@ -178,6 +240,7 @@ def test_configs_repeat_fedacds_protocol_outside_the_method_block(name, twin):
 CHOSEN = {  # the values each config picks (its comment says why)
     "fednova": {"optim.name": "sgd", "optim.momentum": 0.9},
     "fedlc": {"method.tau": 1.0},
+    "fedntd": {"method.beta": 1.0, "method.tau": 1.0},
 }
 
 
