@@ -67,5 +67,5 @@ def format_summary(summary: dict, keys: list[str] | None = None) -> str:
         picked = " ".join(f"{k}={v:.4f}" for k, v in sel.items() if k.startswith("test/target"))
         lines.append(f"selected by val/target_acc (round {sel['round']}): {picked}")
     if TIME_KEY in summary.get(last_key, {}):
-        lines.append(f"round time: {summary[last_key][TIME_KEY]:.2f} s (mean of the last {summary['last_k']})")
+        lines.append(f"round time: {summary[last_key][TIME_KEY]:.2f} s (mean of the last {summary['last_k']} rounds)")
     return "\n".join(lines)
