@@ -153,3 +153,12 @@ def test_a_sweep_runs_log_has_one_line_per_evaluation_round(tmp_path):
     lines = [m for m in map(LINE.match, log.read_text().splitlines()) if m]
     assert [(int(m.group(1)), int(m.group(2))) for m in lines] == [(1, 3), (3, 3)]
     assert all("acc_mean_clients=" in m.group(3) and "round_s=" in m.group(3) for m in lines)
+
+
+def test_a_runs_progress_leads_with_its_methods_headline(out, capsys):
+    import torch
+
+    torch.set_num_threads(1)
+    run_tiny(out, "method.name=fedacd", "trainer.rounds=2", "logger.progress=true", name="acd")  # headline global_acc
+    lines = [m.group(3) for m in map(LINE.match, capsys.readouterr().err.splitlines()) if m]
+    assert lines and all(text.startswith("global_acc=") for text in lines)

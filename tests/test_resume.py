@@ -60,7 +60,7 @@ def test_a_damaged_last_checkpoint_falls_back_to_the_previous_one(out, capsys, d
         return
     assert main([f"resume={run_dir}", "trainer.rounds=5"]) == 0
     err = capsys.readouterr().err
-    assert "last.ckpt" in err and "using previous.ckpt instead" in err and "round 4 of 5" in err
+    assert "last.ckpt" in err and "using previous.ckpt instead" in err and "continuing at round 3 of 0..4" in err
     assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2, 3, 4]
     assert read_metrics(run_dir)[:3] == full[:3]  # continued from round 2's checkpoint
 

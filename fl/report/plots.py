@@ -34,12 +34,13 @@ def file_stem(*parts: str) -> str:
 
 
 def seed_band(runs, key: str) -> tuple[list[int], list[float], list[float]]:
-    """Rounds where every seed has the key (1-based for display), mean and sample std across seeds."""
+    """Rounds where every seed has the key (0-based, as the files and the console number them), mean and sample
+    std across seeds."""
     per_run = [dict(r.series(key)) for r in runs]
     rounds = sorted(set.intersection(*(set(s) for s in per_run))) if per_run else []
     means = [statistics.mean(s[t] for s in per_run) for t in rounds]
     stds = [statistics.stdev([s[t] for s in per_run]) if len(per_run) > 1 else 0.0 for t in rounds]
-    return [t + 1 for t in rounds], means, stds
+    return rounds, means, stds
 
 
 def _figure(width: float = 6.4):

@@ -5,7 +5,8 @@ import math
 
 
 def higher_is_better(key: str) -> bool:
-    return not any(word in key for word in ("loss", "std", "adaptability", "kl_"))  # risks and KL: lower is better
+    # risks, KL and wall times: lower is better
+    return not any(word in key for word in ("loss", "std", "adaptability", "kl_", "time/"))
 
 
 # accuracy-like metrics (fractions in [0, 1]) by the last part of their name: acc_mean_clients, target_acc,

@@ -21,7 +21,7 @@ from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
 from fl.run.cli_help import USAGE, list_items, method_help
 from fl.run.loggers import JsonlLogger, make_wandb_logger
-from fl.run.progress import RoundProgress, format_summary
+from fl.run.progress import RoundProgress, format_summary, round_label
 from fl.run.run_dir import RUN_DIR_ENV, log_partition, prepare_run_dir, write_summary
 
 
@@ -175,15 +175,15 @@ def _run(argv: list[str]) -> int:
         if fabric.is_global_zero:
             for problem in skipped:
                 print(f"warning: {problem}; using {path.name} instead", file=sys.stderr)
-            print(f"resuming {run_dir} from {path.name}: round {orch.start_round + 1} of {cfg.trainer.rounds}",
-                  file=sys.stderr)
+            at = round_label(orch.start_round, cfg.trainer.rounds)
+            print(f"resuming {run_dir} from {path.name}, continuing at {at}", file=sys.stderr)
     elif fabric.is_global_zero:
         if cfg.resume:
             print(f"resume: {run_dir} has no checkpoint yet (it stopped before its first); starting it afresh",
                   file=sys.stderr)
         jsonl.path.write_text("")
         log_partition(data, run_dir, wandb_logger)
-    progress = RoundProgress(cfg.trainer.rounds, orch.start_round) if (
+    progress = RoundProgress(cfg.trainer.rounds, orch.start_round, METHODS[cfg.method.name].headline) if (
         fabric.is_global_zero and cfg.logger.progress) else None
     try:
         history = orch.fit(progress)
