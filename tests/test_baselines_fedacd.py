@@ -1,8 +1,8 @@
-"""FedACD's baselines FedNova, FedLC, FedNTD (fl/methods/fednova.py, fedlc.py, fedntd.py): each one's defining property
-(FedNova with equal local steps is FedAvg, and its normalised step in closed form with unequal ones; FedLC on a
-uniform label mix is FedAvg; FedNTD with beta = 0 is FedAvg bitwise), their losses by hand, and their configs equal
-to FedACD's protocol outside the method block.
-None of them keeps state beyond FedAvg's (the global model): the checkpoints are checked to hold nothing else."""
+"""FedNova, FedLC, FedNTD and FedDecorr (fl/methods/fednova.py, fedlc.py, fedntd.py, feddecorr.py), FedACD's
+baselines: each one's defining property (FedNova with equal local steps is FedAvg, and its normalised step in closed
+form with unequal ones; FedLC on a uniform label mix is FedAvg; FedNTD and FedDecorr with beta = 0 are FedAvg
+bitwise), their losses by hand, and their configs equal to FedACD's protocol outside the method block.
+None of the four keeps state beyond FedAvg's (the global model): the checkpoints are checked to hold nothing else."""
 from pathlib import Path
 
 import pytest
@@ -14,12 +14,14 @@ from fl.config import ConfigError, load_config
 from fl.core import batch_indices, generator
 from fl.data import build_data
 from fl.methods.fedavg import FedAvgClient
+from fl.methods.feddecorr import decorr_loss
 from fl.methods.fedlc import calibrated_loss
 from fl.methods.fednova import normaliser
 from fl.methods.fedntd import FedNTDClient, ntd_loss
+from fl.run.train import main
 from tests.helpers import global_params, initial_model, load_ckpt, read_metrics, record_uploads, run_tiny, tiny
 
-METHODS = ("fednova", "fedlc", "fedntd")
+METHODS = ("fednova", "fedlc", "fedntd", "feddecorr")
 # FedAvg-exactness on a BatchNorm model, and on one with dropout (FedCT's CNN)
 MODELS = pytest.mark.parametrize("model", [["model.norm=batch"], ["model.name=fedct_cnn", "trainer.drop_last=true"]],
                                  ids=["cnn_batchnorm", "bn_and_dropout"])
@@ -226,6 +228,59 @@ def test_fedntd_distils_the_global_model_of_the_round_start(out, monkeypatch):
     assert max_diff(global_params(ntd), global_params(avg)) > 1e-4
 
 
+# ---- FedDecorr -----------------------------------------------------------------------------------------------------
+def test_decorr_loss_in_closed_form():
+    """||K||_F^2 / d^2 with K the correlation matrix over the batch (eps = 1e-8 in the variance)."""
+    a = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    b = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    cases = [
+        (torch.tensor([[1.0, 2.0], [3.0, 6.0]]), 1.0),  # perfectly correlated: K = [[1, 1], [1, 1]]
+        (torch.tensor([[1.0, -3.0], [3.0, -7.0]]), 1.0),  # anti-correlated: K = [[1, -1], [-1, 1]]
+        (torch.stack([a, b], 1), 0.5),  # uncorrelated: K = I
+        (torch.stack([a, 2 * a + 5, b], 1), 5 / 9),  # K = [[1, 1, 0], [1, 1, 0], [0, 0, 1]]
+        (torch.stack([a, torch.full((4,), 3.0)], 1), 0.25),  # a constant dimension correlates with nothing
+        (torch.tensor([[0.7, -0.2, 5.0]]), 0.0),  # one sample: nothing varies
+    ]
+    for features, value in cases:
+        assert float(decorr_loss(features)) == pytest.approx(value, rel=1e-6, abs=1e-7), features
+    # the released code's form: correlated N = 2 -> off-diagonal (Z^T Z)_12^2 = 1, / N; uncorrelated -> 0
+    assert float(decorr_loss(torch.tensor([[1.0, 2.0], [3.0, 6.0]]), "official")) == pytest.approx(0.5, rel=1e-6)
+    assert float(decorr_loss(torch.stack([a, b], 1), "official")) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_decorr_official_form_is_about_batch_size_times_the_papers():
+    """official = (N - 1)^2 / (N d (d - 1)) * sum_{i != j} K_ij^2, paper = (d + sum_{i != j} K_ij^2) / d^2."""
+    gen = torch.Generator().manual_seed(0)
+    features = torch.randn(64, 32, generator=gen, dtype=torch.float64) @ torch.randn(32, 32, generator=gen,
+                                                                                      dtype=torch.float64)
+    n, d = features.shape
+    paper, official = float(decorr_loss(features)), float(decorr_loss(features, "official"))
+    off = paper * d ** 2 - d
+    assert official == pytest.approx((n - 1) ** 2 / (n * d * (d - 1)) * off, rel=1e-6)
+    # invariant to a per-dimension scale and shift
+    assert float(decorr_loss(features * torch.linspace(0.5, 3, d, dtype=torch.float64) - 2)) == pytest.approx(paper)
+
+
+@MODELS
+def test_feddecorr_with_beta_0_is_fedavg_exactly(out, model):
+    extra = ("trainer.rounds=2", "optim.momentum=0.9", "trainer.local_steps=3", *model)
+    avg = run_tiny(out, "method.name=fedavg", *extra, name="avg")
+    dec = run_tiny(out, "method.name=feddecorr", "method.beta=0", *extra, name="dec")
+    ga, gd = global_params(avg), global_params(dec)
+    assert ga.keys() == gd.keys() and all(torch.equal(ga[k], gd[k]) for k in ga)
+    assert_fedavg_rows(avg, dec)
+    assert all(r["train/decorr"] > 0 for r in read_metrics(dec))
+    assert_no_state_beyond_fedavg(dec)
+
+
+def test_feddecorr_regularises_and_needs_a_backbone(out, capsys):
+    avg = run_tiny(out, "method.name=fedavg", "trainer.rounds=1", name="avg")
+    dec = run_tiny(out, "method.name=feddecorr", "method.beta=1", "trainer.rounds=1", name="dec")
+    assert max_diff(global_params(dec), global_params(avg)) > 1e-4
+    assert main(tiny(out, "method.name=feddecorr", "model.name=logistic")) == 2
+    assert "feddecorr" in capsys.readouterr().err
+
+
 # ---- configs -------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", METHODS)
 @pytest.mark.parametrize("twin", ["", "_synthetic"])
@@ -241,6 +296,7 @@ CHOSEN = {  # the values each config picks (its comment says why)
     "fednova": {"optim.name": "sgd", "optim.momentum": 0.9},
     "fedlc": {"method.tau": 1.0},
     "fedntd": {"method.beta": 1.0, "method.tau": 1.0},
+    "feddecorr": {"method.beta": 0.05, "method.form": "paper"},
 }
 
 
