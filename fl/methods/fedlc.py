@@ -6,10 +6,10 @@ The calibrated loss L_Cal of client c, with n_{c,y} the client's training sample
 
     L_Cal(x, y) = -log  exp(f_y(x) - tau n_{c,y}^{-1/4}) / sum_{y'} exp(f_{y'}(x) - tau n_{c,y'}^{-1/4})
 
-i.e. cross-entropy on the logits shifted by -tau n_{c,y}^{-1/4}, the pairwise label margin
-tau (n_{c,y}^{-1/4} - n_{c,y'}^{-1/4}) the paper derives it from. The calibration only enters local training:
-predictions use the raw logits. With the same count for every class the shift is one constant for all
-logits, and the loss is plain cross-entropy (FedAvg).
+i.e. cross-entropy on the logits shifted by -tau n_{c,y}^{-1/4}: a pairwise label margin
+tau (n_{c,y}^{-1/4} - n_{c,y'}^{-1/4}) between the true class y and each other class y'. The calibration only
+enters local training: predictions use the raw logits. With the same count for every class the shift is one
+constant for all logits, and the loss is plain cross-entropy (FedAvg).
 
 A class the client lacks (n_{c,y} = 0) has an infinite margin: its calibrated logit is -inf, so it drops out
 of the softmax and its logit gets no gradient from this client.
