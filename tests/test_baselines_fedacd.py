@@ -296,7 +296,7 @@ CHOSEN = {  # the values each config picks (its comment says why)
     "fednova": {"optim.name": "sgd", "optim.momentum": 0.9},
     "fedlc": {"method.tau": 1.0},
     "fedntd": {"method.beta": 1.0, "method.tau": 1.0},
-    "feddecorr": {"method.beta": 0.05, "method.form": "paper"},
+    "feddecorr": {"method.beta": 0.05, "method.form": "official"},
 }
 
 
