@@ -2,7 +2,8 @@
 
 The five papers: FedPALS (fedpals/), FedDRM (feddrm.py), FedMosaic (fedmosaic/, with FedCT), pFedFDA
 (pfedfda/), FedACD (fedacd/). Their baselines: FedAvg, FedProx, FedAvg-FT, FedPer, Local, Centralized,
-SCAFFOLD, FedRep, Ditto, APFL, pFedMe, Per-FedAvg, FedPHP, FedBN, FedBABU, LG-FedAvg, FedRoD, FedPAC.
+SCAFFOLD, FedRep, Ditto, APFL, pFedMe, Per-FedAvg, FedPHP, FedBN, FedBABU, LG-FedAvg, FedRoD, FedPAC, FedSAM,
+FedNova, FedLC, FedNTD, FedDecorr, FedNH.
 
 Every module under this package is imported, in name order, so a new method is one new file (or folder).
 """
