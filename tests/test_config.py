@@ -50,6 +50,7 @@ from tests.helpers import run_cli, tiny
     ("data.public_size=100000", ["data.public_size=100000 leaves no samples for the clients"]),
     ("method.name={a:1}", ["method.name=", "is not valid", "fedavg"]),
     (".trainer.rounds=2", ["'.trainer.rounds=2'", "leading"]),
+    ("model.name=alexnet_bn", ["model.name='alexnet_bn' cannot take the inputs", "(3, 16, 16)"]),
     ("trainer.rounds=null", ["trainer.rounds=null has the wrong type", "int"]),
     ("trainer.rounds={}", ["trainer.rounds={} has the wrong type"]),
     ("evaluators.system.x=1", ["'evaluators.system' has no settings"]),
