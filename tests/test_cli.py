@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from fl.core import METHODS
 from fl.run.train import main
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, run_cli, tiny
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
@@ -73,3 +73,12 @@ def test_console_scripts_are_declared_and_run():
     for module in ("fl.train", "fl.sweep", "fl.report", "fl.data.show"):
         res = run_cli(["--help"], cwd=ROOT, script=("-m", module))
         assert res.returncode == 0 and res.stdout.lower().lstrip().startswith(("usage", "`python")), module
+
+
+@pytest.mark.slow
+def test_a_nan_under_two_processes_is_reported_once(tmp_path):
+    args = [*tiny(tmp_path, "method.name=test_nan_script", "trainer.rounds=4", "fabric.cpu_threads=1"),
+            "fabric.strategy=ddp", "fabric.devices=2"]
+    res = run_cli(args, cwd=tmp_path, script=(str(ROOT / "tests" / "nan_at_round.py"),))
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert res.stderr.count("non-finite") == 1, res.stderr[-2000:]

@@ -1,0 +1,27 @@
+"""Run fl.train with a method whose loss turns NaN at round 2 (`method.name=test_nan_script`), in a process of its own,
+so a multi-process run's fault message can be checked."""
+import sys
+from dataclasses import dataclass
+
+from fl.config import MethodConfig
+from fl.core import ClientModule, Server
+from fl.core.registry import register_method
+
+
+@dataclass
+class NanConfig(MethodConfig):
+    name: str = "test_nan_script"
+
+
+class NanClient(ClientModule):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.round == 2 else loss
+
+
+register_method("test_nan_script", NanConfig, NanClient, Server)
+
+if __name__ == "__main__":
+    from fl.run.train import main
+
+    sys.exit(main(sys.argv[1:]))
