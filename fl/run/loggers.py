@@ -103,22 +103,25 @@ def wandb_logger_cls():
 
         def __init__(self, cfg: DictConfig, run_dir: Path, resume_round: Optional[int] = None, **kwargs):
             super().__init__(**kwargs)
-            # Lightning passes anonymous=None, which wandb >= 0.19 answers with a deprecation warning on every run
-            self._wandb_init.pop("anonymous", None)
+            # wandb.init's arguments, kept here rather than Lightning's: it adds anonymous=None, which
+            # wandb >= 0.19 answers with a deprecation warning on every run
+            self._init = {**{k: v for k, v in kwargs.items() if k != "save_dir"}, "dir": kwargs.get("save_dir"),
+                          "project": self.name}  # Lightning's resolved project (WANDB_PROJECT or its default)
+            self._run = None
             self._cfg, self._run_dir = cfg, Path(run_dir)
             self._last_k = int(cfg.trainer.last_k)
             self._evals: Optional[list[dict]] = None  # evaluation rows so far (rebuilt from metrics.jsonl on resume)
-            self._mode = self._wandb_init.get("mode")
+            self._mode = self._init.get("mode")
             self._resume_round = resume_round
             self._last = -1  # the last round W&B has; set when the run starts
 
         @property
         @rank_zero_experiment
         def experiment(self):
-            if self._experiment is None:
-                self._experiment = self._start_run()
-                define_dashboard_metrics(self._experiment, self._last_k)
-            return self._experiment
+            if self._run is None:
+                self._run = self._start_run()
+                define_dashboard_metrics(self._run, self._last_k)
+            return self._run
 
         def _start_run(self):
             """wandb.init, learning which rounds W&B has already, so that each round reaches it once. A resumed
@@ -130,26 +133,23 @@ def wandb_logger_cls():
             (a killed process loses its unwritten tail; W&B disabled before) are logged from metrics.jsonl."""
             import wandb
 
-            attach_id = getattr(self, "_attach_id", None)
-            if attach_id is not None and hasattr(wandb, "_attach"):  # a spawned process joins the parent's run
-                return wandb._attach(attach_id)
-            run_id, k = self._wandb_init.get("id"), self._resume_round
+            run_id, k = self._init.get("id"), self._resume_round
             if self._mode != "online":
                 self._last = local_last_round(self._run_dir / "wandb", run_id) if run_id else -1
-                return wandb.init(**self._wandb_init)
-            run = wandb.init(**self._wandb_init)
+                return wandb.init(**self._init)
+            run = wandb.init(**self._init)
             self._last = int(getattr(run, "starting_step", 0) or 0) - 1
             if k is None or self._last <= k or not rewind_supported():
                 return run
             run.finish()  # W&B has rounds past the checkpoint: truncate its history to the checkpoint
-            init = {key: v for key, v in self._wandb_init.items() if key != "resume"}  # resume excludes resume_from
+            init = {key: v for key, v in self._init.items() if key != "resume"}  # resume excludes resume_from
             try:
                 run = wandb.init(**init, resume_from=f"{run_id}?_step={k}")
             except Exception as err:  # e.g. rewind not enabled on this W&B server: skip the rounds it has
                 reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 print(f"warning: W&B did not rewind run {run_id} to round {k} ({reason}); its rounds up to "
                       f"{self._last} stay as logged before", file=sys.stderr)
-                return wandb.init(**self._wandb_init)
+                return wandb.init(**self._init)
             self._last = k
             return run
 
