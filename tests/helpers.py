@@ -41,7 +41,9 @@ def run_cli(args, cwd, env=None, script=("-m", "fl.train")) -> subprocess.Comple
     if current_test_is_slow is False:
         raise RuntimeError("run_cli starts a process: mark the test @pytest.mark.slow")
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    for key in ["FL_RUN_DIR"] + [k for k, v in (env or {}).items() if v is None]:
+    # FL_RUN_DIR: the child makes its own run dir; WANDB_SERVICE: a wandb service this test process started
+    # (wandb puts its token in os.environ) would be shared by the child, as it never is for a command typed in a shell
+    for key in ["FL_RUN_DIR", "WANDB_SERVICE"] + [k for k, v in (env or {}).items() if v is None]:
         full_env.pop(key, None)
     return subprocess.run([sys.executable, *script, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=300)

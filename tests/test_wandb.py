@@ -375,3 +375,20 @@ def test_transaction_log_reader_stops_at_a_cut(tmp_path):
     assert [r["round"] for r in transaction_log_history(path)] == [0, 1, 2, 3, 4]
     path.write_bytes(whole[:32768 * 2])  # two blocks reached the disk
     assert [r["round"] for r in transaction_log_history(path)] == [0, 1, 2]
+
+
+def test_wandb_failing_to_start_costs_the_run_nothing(out, monkeypatch, capsys):
+    import wandb
+
+    real_init = wandb.init
+
+    def init(**kwargs):  # e.g. "run ID ... is in use" from a service another process left behind
+        if kwargs.get("mode") != "disabled":
+            raise RuntimeError("run ID abc is in use")
+        return real_init(**kwargs)
+
+    monkeypatch.setattr(wandb, "init", init)
+    assert main(args(out, "nowandb", "offline")) == 0
+    err = capsys.readouterr().err
+    assert "W&B could not start run" in err and "run ID abc is in use" in err and "Traceback" not in err
+    assert [r["round"] for r in read_metrics(out / "outputs" / "nowandb")] == list(range(ROUNDS))

@@ -136,8 +136,15 @@ def wandb_logger_cls():
             run_id, k = self._init.get("id"), self._resume_round
             if self._mode != "online":
                 self._last = local_last_round(self._run_dir / "wandb", run_id) if run_id else -1
-                return wandb.init(**self._init)
-            run = wandb.init(**self._init)
+            try:
+                run = wandb.init(**self._init)
+            except Exception as err:  # W&B must never cost the run: metrics.jsonl has everything, `wandb sync` later
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[-1][:160]
+                print(f"warning: W&B could not start run {run_id} ({reason}); this run logs to metrics.jsonl only",
+                      file=sys.stderr)
+                return wandb.init(mode="disabled")
+            if self._mode != "online":
+                return run
             self._last = int(getattr(run, "starting_step", 0) or 0) - 1
             if k is None or self._last <= k or not rewind_supported():
                 return run
