@@ -1,5 +1,5 @@
-"""Run fl.train with a method whose loss turns NaN at round 2 (`method.name=test_nan_script`), in a process of its own,
-so a multi-process run's fault message can be checked."""
+"""A method whose loss turns NaN at round 2 (`method.name=test_nan_at_round_2`): imported by tests that run in-process,
+and as a script (`python tests/nan_at_round.py key=value ...`) for runs in processes of their own (ddp)."""
 import sys
 from dataclasses import dataclass
 
@@ -10,7 +10,7 @@ from fl.core.registry import register_method
 
 @dataclass
 class NanConfig(MethodConfig):
-    name: str = "test_nan_script"
+    name: str = "test_nan_at_round_2"
 
 
 class NanClient(ClientModule):
@@ -19,7 +19,7 @@ class NanClient(ClientModule):
         return loss * float("nan") if self.round == 2 else loss
 
 
-register_method("test_nan_script", NanConfig, NanClient, Server)
+register_method("test_nan_at_round_2", NanConfig, NanClient, Server)
 
 if __name__ == "__main__":
     from fl.run.train import main

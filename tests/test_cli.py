@@ -77,7 +77,7 @@ def test_console_scripts_are_declared_and_run():
 
 @pytest.mark.slow
 def test_a_nan_under_two_processes_is_reported_once(tmp_path):
-    args = [*tiny(tmp_path, "method.name=test_nan_script", "trainer.rounds=4", "fabric.cpu_threads=1"),
+    args = [*tiny(tmp_path, "method.name=test_nan_at_round_2", "trainer.rounds=4", "fabric.cpu_threads=1"),
             "fabric.strategy=ddp", "fabric.devices=2"]
     res = run_cli(args, cwd=tmp_path, script=(str(ROOT / "tests" / "nan_at_round.py"),))
     assert res.returncode == 1, res.stderr[-2000:]

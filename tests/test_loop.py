@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tests.nan_at_round  # noqa: F401  (registers method test_nan_at_round_2)
 from fl.config import MethodConfig, load_config
 from fl.core import ClientModule, Server, batch_indices, build_model
 from fl.core.loop import sample_clients
@@ -138,18 +139,6 @@ def test_self_log_in_training_step_becomes_the_clients_logged_scalars(out):
 
 
 # ---- faults --------------------------------------------------------------------------------------
-@dataclass
-class NanConfig(MethodConfig):
-    name: str = "test_nan_at_round_2"
-
-
-class NanClient(ClientModule):
-    def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)
-        return loss * float("nan") if self.round == 2 else loss
-
-
-register_method("test_nan_at_round_2", NanConfig, NanClient, Server)
 
 
 def test_nan_loss_stops_the_run_naming_method_client_round_and_keeps_the_checkpoint(out, capsys):
