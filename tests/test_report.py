@@ -158,6 +158,20 @@ def test_variants_settings_and_headline(tmp_path):
     assert rows[("partition.alpha=0.5", "fedprox mu=0.1")]["headline"] == "test/target_acc"
 
 
+def test_fine_tuned_runs_are_a_method_row_in_the_same_setting(tmp_path):
+    """FedDRM's FedAvg-FT beside FedAvg: finetune.after_round labels the method, not a new setting column."""
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        fake_run(root, f"avg-s{seed}", {"name": "fedavg"}, seed, [0.3, 0.5])
+        ft = fake_run(root, f"avg-ft-s{seed}", {"name": "fedavg"}, seed, [0.3, 0.7])
+        config = yaml.safe_load((ft / "config.yaml").read_text())
+        (ft / "config.yaml").write_text(yaml.safe_dump({**config, "finetune": {"after_round": 3, "lr": None}}))
+    groups = group_runs(load_local([root])[0])
+    assert set(groups) == {("embedded/dirichlet", "fedavg"), ("embedded/dirichlet", "fedavg +finetune after 3")}
+    rows = {r["method"]: r for r in table_rows(groups, ["test/acc_mean_clients"])}
+    assert rows["fedavg +finetune after 3"]["cells"]["test/acc_mean_clients"]["final"][0] == pytest.approx(0.7)
+
+
 @pytest.mark.slow
 def test_unfinished_runs_are_skipped_with_a_note_and_cli_writes_into_the_sweep_dir(runs_dir):
     (runs_dir / "dead-s9").mkdir()

@@ -14,6 +14,8 @@ DEFAULT_METRIC = "test/acc_mean_clients"
 IGNORED = ("seed", "data.partition.seed", "resume", "logger.", "fabric.", "data.root", "data.download",
            "data.on_device", "trainer.checkpoint_every", "trainer.eval_batch_size", "partition_fingerprint")
 BASE_KEYS = ("data.name", "data.partition.name")  # a setting's dataset/partition: "embedded/dirichlet"
+# FedDRM's FedAvg-FT is FedAvg plus local fine-tuning: a row of its own beside FedAvg, in the same setting column
+FINETUNE = "finetune.after_round"
 
 
 # ---- grouping ----------------------------------------------------------------------------------------
@@ -36,17 +38,18 @@ def setting_base(run: Run) -> str:
 
 
 def label_runs(runs: list[Run]) -> None:
-    """Sets each run's method label (name + hyperparameters that vary among that method's runs) and
-    setting label (only what differs between settings: the non-method keys that vary among all runs, with
+    """Sets each run's method label (name + hyperparameters that vary among that method's runs + its fine-tuning
+    rounds, so FedAvg-FT is a row beside FedAvg) and setting label (only what differs between settings: the non-method keys that vary among all runs, with
     the dataset/partition where it varies or nothing else does)."""
-    setting_keys = _varying(runs, lambda k: not k.startswith("method."))
+    setting_keys = _varying(runs, lambda k: not k.startswith(("method.", "finetune.")))
     by_method: dict[str, list[Run]] = {}
     for r in runs:
         by_method.setdefault(str(r.config.get("method.name", r.summary.get("method", "?"))), []).append(r)
     for name, group in by_method.items():
-        keys = _varying(group, lambda k: k.startswith("method.") and k != "method.name")
+        keys = _varying(group, lambda k: k.startswith(("method.", "finetune.")) and k not in ("method.name", FINETUNE))
         for r in group:
-            r.method = " ".join([name] + [_fmt(k, r.config.get(k)) for k in keys])
+            ft = [f"+finetune after {r.config[FINETUNE]}"] if r.config.get(FINETUNE) is not None else []
+            r.method = " ".join([name] + [_fmt(k, r.config.get(k)) for k in keys] + ft)
     base_varies = any(k in BASE_KEYS for k in setting_keys)
     for r in runs:
         extra = [_fmt(k, r.config.get(k)) for k in setting_keys if k not in BASE_KEYS]
