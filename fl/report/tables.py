@@ -39,8 +39,8 @@ def setting_base(run: Run) -> str:
 
 def label_runs(runs: list[Run]) -> None:
     """Sets each run's method label (name + hyperparameters that vary among that method's runs + its fine-tuning
-    rounds, so FedAvg-FT is a row beside FedAvg) and setting label (only what differs between settings: the non-method keys that vary among all runs, with
-    the dataset/partition where it varies or nothing else does)."""
+    rounds, so FedAvg-FT is a row beside FedAvg) and setting label (only what differs between settings: the
+    non-method keys that vary among all runs, with the dataset/partition where it varies or nothing else does)."""
     setting_keys = _varying(runs, lambda k: not k.startswith(("method.", "finetune.")))
     by_method: dict[str, list[Run]] = {}
     for r in runs:
