@@ -100,6 +100,14 @@ def load_ckpt(run_dir: Path) -> dict:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
 
 
+def client_states(run_dir: Path, state_dir: Path | None = None) -> dict:
+    """The checkpoint's client states: in it (state.cache_mb=null), or read from the files it names."""
+    clients = load_ckpt(run_dir)["clients"]
+    folder = state_dir or run_dir / "client_states"
+    return {cid: torch.load(folder / f"client{cid:06d}-r{s['round']:06d}.pt", weights_only=True)
+            if set(s) == {"round"} else s for cid, s in clients.items()}
+
+
 def global_params(run_dir: Path) -> dict:
     return load_ckpt(run_dir)["server"]["global_params"]
 

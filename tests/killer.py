@@ -1,21 +1,36 @@
-"""Run fl.train, but SIGKILL the process when local training of round KILL_ROUND starts (a hard crash)."""
+"""Run fl.train, but SIGKILL the process (a hard crash) when local training of round FL_TEST_KILL_ROUND starts, or
+half-way through writing the first client state file of round FL_TEST_KILL_WRITE_ROUND (state.cache_mb)."""
 import os
 import signal
 import sys
 
 import fl.core.loop as orchestrator
+import fl.core.state as state
 
-KILL_ROUND = int(os.environ["FL_TEST_KILL_ROUND"])
+KILL_ROUND = os.environ.get("FL_TEST_KILL_ROUND")
+KILL_WRITE_ROUND = os.environ.get("FL_TEST_KILL_WRITE_ROUND")
 _train_client = orchestrator.Orchestrator.train_client
+_write = state.DiskStateStore._write
 
 
 def train_client_then_die(self, rnd, cid):
-    if rnd == KILL_ROUND:
+    if rnd == int(KILL_ROUND):
         os.kill(os.getpid(), signal.SIGKILL)
     return _train_client(self, rnd, cid)
 
 
-orchestrator.Orchestrator.train_client = train_client_then_die
+def write_half_then_die(self, cid, client_state):
+    path = self.path(cid, self._round[cid])
+    if self._round[cid] == int(KILL_WRITE_ROUND):
+        path.with_name(path.name + ".tmp").write_bytes(b"\x80\x02half a state")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _write(self, cid, client_state)
+
+
+if KILL_ROUND is not None:
+    orchestrator.Orchestrator.train_client = train_client_then_die
+if KILL_WRITE_ROUND is not None:
+    state.DiskStateStore._write = write_half_then_die
 
 if __name__ == "__main__":
     from fl.run.train import main

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tests.keep_momentum  # noqa: F401  (registers method test_keep_momentum)
 import tests.nan_at_round  # noqa: F401  (registers method test_nan_at_round_2)
 from fl.config import MethodConfig, load_config
 from fl.core import ClientModule, Server, batch_indices, build_model
@@ -213,21 +214,6 @@ def test_wandb_defaults_to_offline_without_an_api_key_and_never_prompts(out, tmp
     runs = list((out / "outputs" / "wb" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
     assert (out / "outputs" / "wb" / "summary.json").is_file()
-
-
-@dataclass
-class MomentumConfig(MethodConfig):
-    name: str = "test_keep_momentum"
-
-
-class MomentumClient(ClientModule):
-    keep_optimizer_state = True
-
-    def training_step(self, batch, batch_idx):
-        return {"loss": super().training_step(batch, batch_idx), "step": float(batch_idx)}
-
-
-register_method("test_keep_momentum", MomentumConfig, MomentumClient, Server)
 
 
 def test_optimizer_state_is_kept_per_client_and_local_steps_count_steps(out):

@@ -204,6 +204,15 @@ class ModelConfig:
 
 
 @dataclass
+class StateConfig:
+    cache_mb: Optional[float] = param(None, ge=0, help="null: every client state in memory; a number: client states "
+                                      "on disk (state.dir), one file per client, behind an LRU cache of this many MiB "
+                                      "per process, with incremental checkpoints")
+    dir: Optional[str] = param(None, help="where the client state files go (state.cache_mb set); default: "
+                               "<run dir>/client_states")
+
+
+@dataclass
 class MethodConfig:
     """Base of every method's typed hyperparameter block."""
     name: str = "fedavg"
@@ -236,6 +245,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
+    state: StateConfig = field(default_factory=StateConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     method: MethodConfig = field(default_factory=MethodConfig)

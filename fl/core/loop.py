@@ -1,8 +1,9 @@
 """The round loop on one Fabric, reused for the whole run.
 
-Each round: draw the clients (a stream fixed by the seed, the same for every method), spread them over
-the processes, train each one in the long-lived ClientModule with its state swapped in, reduce the
-uploads (fl/core/exchange.py), run the server step, evaluate (fl/core/evaluation.py), log and checkpoint.
+Each round: draw the clients (a stream fixed by the seed, the same for every method), let each process train
+the ones it owns (client cid lives on process cid % world_size, with its state) in the long-lived ClientModule
+with its state swapped in, reduce the uploads (fl/core/exchange.py), run the server step, evaluate
+(fl/core/evaluation.py), log and checkpoint. A client's state never leaves its process except into a checkpoint.
 """
 from __future__ import annotations
 
@@ -19,13 +20,21 @@ from omegaconf import DictConfig, OmegaConf
 from fl.core.client import ClientModule, Upload
 from fl.core.context import EvalContext, RoundContext
 from fl.core.evaluation import Evaluator, evaluate_clients
-from fl.core.exchange import LocalResult, WeightedSum, all_finite, exchange, payload_bytes, to_cpu
+from fl.core.exchange import (
+                              LocalResult,
+                              WeightedSum,
+                              all_finite,
+                              exchange,
+                              gather_objects,
+                              payload_bytes,
+                              to_cpu,
+)
 from fl.core.federated_data import FederatedData
 from fl.core.optim import build_optimizer, is_finetune_round
 from fl.core.registry import EVALUATORS, METHODS
 from fl.core.seeding import derive_seed, seed_torch
 from fl.core.server import Server
-from fl.core.state import CheckpointError, ClientStateStore, save_checkpoint
+from fl.core.state import CheckpointError, make_state_store, save_checkpoint
 
 
 class TrainingFault(RuntimeError):
@@ -92,7 +101,8 @@ class Orchestrator:
         self.cfg = cfg
         self.fabric = fabric
         self.server = server
-        self.store = ClientStateStore()
+        state_dir = Path(cfg.state.dir) if cfg.state.dir else run_dir / "client_states"
+        self.store = make_state_store(cfg.state.cache_mb, state_dir, self.owns)
         self.history: list[dict] = []
         self.start_round = 0
         self.evaluators = enabled_evaluators(cfg)
@@ -138,9 +148,13 @@ class Orchestrator:
             raise KeyboardInterrupt
         self._stop_requested = True
 
+    def owns(self, cid: int) -> bool:
+        """Client cid's state lives on this process, which trains and evaluates it (the evaluators' split too)."""
+        return cid % self.fabric.world_size == self.fabric.global_rank
+
     def context(self, rnd: int) -> EvalContext:
         return EvalContext(rnd, self.fabric, self.data, self.cfg, module=self.module,
-                           load_client=lambda cid: self.load_client(rnd, cid))
+                           load_client=lambda cid: self.load_client(rnd, cid, read_ahead=True))
 
     def run_round(self, rnd: int) -> dict[str, float]:
         cfg, fabric, server = self.cfg, self.fabric, self.server
@@ -160,9 +174,13 @@ class Orchestrator:
             fabric.call("on_round_start", round_ctx, selected)
 
         acc = WeightedSum()
-        results = []
-        for cid in selected[fabric.global_rank::fabric.world_size]:
+        results, states = [], {}
+        mine = [cid for cid in selected if self.owns(cid)]
+        for i, cid in enumerate(mine):
+            if i + 1 < len(mine):  # read the next client's state while this one trains
+                self.store.prefetch(mine[i + 1])
             upload, result = self.train_client(rnd, cid)
+            states[cid], result.state = result.state, {}  # the state stays on this process
             result.bytes_up = payload_bytes(upload.params) + payload_bytes(upload.message)
             if not finetuning:
                 acc.add(upload.params, server.weight(cid, upload))
@@ -176,7 +194,7 @@ class Orchestrator:
         if faults:
             raise TrainingFault(faults[0])
 
-        self.store.update({r.cid: r.state for r in results})
+        self.store.update(states, rnd)
         if not finetuning:
             fabric.call("server_step", round_ctx, mean, {r.cid: r.message for r in results})
 
@@ -210,8 +228,14 @@ class Orchestrator:
         return metrics
 
     # ---- local work ---------------------------------------------------------------------------
-    def load_client(self, rnd: int, cid: int) -> ClientModule:
-        """Swap client `cid` into the module: the server's broadcast, then the client's own state."""
+    def load_client(self, rnd: int, cid: int, read_ahead: bool = False) -> ClientModule:
+        """Swap client `cid` into the module: the server's broadcast, then the client's own state. `read_ahead`:
+        the caller goes through its clients in order (evaluation), so the next one's state is read meanwhile."""
+        if cid >= 0 and not self.owns(cid):  # its state is on another process: never train it from scratch
+            raise RuntimeError(f"client {cid} belongs to process {cid % self.fabric.world_size}, not "
+                               f"{self.fabric.global_rank}: go through clients range(rank, n, world_size)")
+        if read_ahead and cid >= 0 and cid + self.fabric.world_size < self.data.num_clients:
+            self.store.prefetch(cid + self.fabric.world_size)
         m = self.module
         m.cid, m.round = cid, rnd
         payload = self.server.broadcast(cid)
@@ -282,12 +306,19 @@ class Orchestrator:
             "round": rnd,
             "rng": {"seed": int(self.cfg.seed), "next_round": rnd + 1},
             "server": self.server.state_dict(),
-            "clients": self.store.state_dict(),
+            "clients": self.client_states(),
             "history": self.history,
             "fingerprint": self.data.fingerprint(),
             "config": OmegaConf.to_container(self.cfg, resolve=True),  # resume refuses a config.yaml edited since
         }
         save_checkpoint(self.fabric, self.ckpt_path, state)
+        self.store.checkpointed()
+
+    def client_states(self) -> dict:
+        """Every process's part of the store, for the checkpoint (the only time states cross processes): the
+        states themselves (in memory) or which round's file holds each (state.cache_mb)."""
+        parts = gather_objects(self.fabric, self.store.state_dict())
+        return {cid: s for part in parts for cid, s in sorted(part.items())}
 
     def restore(self, state: dict, path: Path) -> None:
         """Continue from a checkpoint (read by state.read_checkpoint); raises CheckpointError when it does not
@@ -304,6 +335,6 @@ class Orchestrator:
             key = next(k for k in sorted(expected.keys() | found.keys()) if expected.get(k) != found.get(k))
             raise CheckpointError(f"{path} does not fit this run's model: {key} has shape {found.get(key)} there, "
                                   f"{expected.get(key)} here")
-        self.store.load_state_dict(state["clients"])
+        self.store.load_state_dict(state["clients"], self.owns)
         self.history = list(state["history"])
         self.start_round = state["round"] + 1

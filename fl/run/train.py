@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
+from fl.core.state import StateStoreError, check_writable
 from fl.data import DataError, build_data
 from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
@@ -140,6 +141,8 @@ def _run(argv: list[str]) -> int:
         if wandb_mode(cfg.logger.wandb.mode) == "online" and not has_wandb_key():
             raise ConfigError("logger.wandb.mode=online needs a W&B API key (wandb login, or WANDB_API_KEY); "
                               "use logger.wandb.mode=offline (or auto) to log locally and `wandb sync` later")
+        if cfg.state.cache_mb is not None and cfg.state.dir:  # before anything is written
+            check_writable(Path(cfg.state.dir))
         server = METHODS[cfg.method.name].server_cls(cfg)
         try:  # Fabric validates accelerator / devices / strategy before anything is written
             make_fabric(cfg, [], [])
@@ -149,6 +152,8 @@ def _run(argv: list[str]) -> int:
                               f"fabric.strategy={f.strategy!r} rejected: {str(err).splitlines()[0]}") from None
     except (ConfigError, CheckpointError) as err:
         return _fail(str(err) + (_twin_hint(argv) if isinstance(err, DataError) else ""), 2)
+    except StateStoreError as err:
+        return _fail(str(err), 1)
     except (ValueError, RuntimeError, FileNotFoundError) as err:
         return _fail(f"{type(err).__name__}: {str(err).splitlines()[0]}", 2)
 
@@ -160,7 +165,10 @@ def _run(argv: list[str]) -> int:
     fabric.launch()
     if cfg.fabric.cpu_threads:
         torch.set_num_threads(cfg.fabric.cpu_threads)
-    orch = Orchestrator(cfg, fabric, data, server, run_dir)
+    try:
+        orch = Orchestrator(cfg, fabric, data, server, run_dir)
+    except StateStoreError as err:
+        return _fail(str(err), 1)
     if fabric.is_global_zero:
         config = run_dir / "config.yaml"
         config.write_text(f"# partition fingerprint: {data.fingerprint()}\n" + config.read_text())
@@ -168,7 +176,7 @@ def _run(argv: list[str]) -> int:
         path, state, skipped = resume
         try:
             orch.restore(state, path)
-        except CheckpointError as err:
+        except (CheckpointError, StateStoreError) as err:
             return _fail(str(err), 2)
         del state
         jsonl.rewrite(orch.history)  # metrics.jsonl holds exactly the checkpointed history
@@ -187,6 +195,10 @@ def _run(argv: list[str]) -> int:
         fabric.is_global_zero and cfg.logger.progress) else None
     try:
         history = orch.fit(progress)
+    except StateStoreError as err:
+        kept = (f"the last checkpoint {orch.ckpt_path} is resumable" if orch.ckpt_path.is_file() else
+                "no checkpoint was written yet")
+        return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1
     except TrainingFault as err:
         kept = (f"the last good checkpoint is {orch.ckpt_path}" if orch.ckpt_path.is_file() else
                 "no checkpoint was written yet")

@@ -1,0 +1,212 @@
+"""The disk-backed client state store (state.cache_mb, fl/core/state.py): the LRU cache and its budget, read-ahead,
+incremental checkpoints that write only the states changed since the last one and keep the files the last two
+checkpoints name; runs bitwise identical to the in-memory store (Ditto's personal models, SCAFFOLD's control
+variates, kept momentum); Ctrl-C, SIGKILL (also inside a state file's write) and a full disk leave a resumable run
+whose metrics equal an uninterrupted run's; 1 and 2 processes, and a resume with another number of processes."""
+import errno
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+import fl.core.state as state_module
+import tests.keep_momentum  # noqa: F401  (registers method test_keep_momentum)
+from fl.core.state import DiskStateStore, StateStoreError, state_bytes
+from fl.run.train import main
+from tests.helpers import (
+    ROOT,
+    assert_same_rows,
+    client_states,
+    ctrl_c_at_round,
+    global_params,
+    load_ckpt,
+    one_and_two_processes,
+    read_metrics,
+    run_cli,
+    run_tiny,
+    same_private_states,
+    tiny,
+)
+
+DISK = "state.cache_mb=0.001"  # 1 KiB: every state goes to disk as soon as it is stored
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def fake_state(value: float, n: int = 256) -> dict:
+    return {"private": {"w": torch.full((n,), float(value))}, "count": int(value)}  # 1 KiB of tensors
+
+
+def everyone(cid: int) -> bool:
+    return True
+
+
+def files(folder: Path) -> set[str]:
+    return {p.name for p in folder.glob("client*.pt")}
+
+
+# ---- the store -----------------------------------------------------------------------------------------------------
+def test_lru_cache_keeps_its_budget_and_writes_each_state_once(tmp_path):
+    store = DiskStateStore(tmp_path, cache_bytes=2 * 1024, owns=everyone)  # room for two states
+    store.update({c: fake_state(c) for c in range(4)}, rnd=0)
+    assert store.cached_bytes <= 2 * 1024 and store.files_written == 2  # clients 0 and 1 were evicted
+    assert files(tmp_path) == {"client000000-r000000.pt", "client000001-r000000.pt"}
+    for c in (0, 3, 1, 2):  # read back from disk or cache, equal either way
+        s = store.get(c)
+        assert torch.equal(s["private"]["w"], torch.full((256,), float(c))) and s["count"] == c
+    assert store.cached_bytes <= 2 * 1024
+    assert store.get(99) is None  # never stored: a first visit
+    store.prefetch(0)  # read ahead in the background, then served from that read
+    assert store.get(0)["count"] == 0
+    store.close()
+
+
+def test_checkpoints_write_only_what_changed_and_keep_the_last_two(tmp_path):
+    store = DiskStateStore(tmp_path, cache_bytes=10**9, owns=everyone)  # nothing evicted: writes are checkpoints'
+    store.update({c: fake_state(c) for c in range(5)}, rnd=0)
+    assert store.files_written == 0
+    first = store.state_dict()
+    store.checkpointed()
+    assert store.files_written == 5 and first == {c: {"round": 0} for c in range(5)}
+    store.update({1: fake_state(10), 3: fake_state(30)}, rnd=1)
+    second = store.state_dict()
+    store.checkpointed()
+    assert store.files_written == 7  # only the two changed states
+    assert second[1] == {"round": 1} and second[0] == {"round": 0}
+    store.update({1: fake_state(100)}, rnd=2)
+    store.state_dict()
+    store.checkpointed()
+    # client 1: round 2 (this checkpoint) and round 1 (the previous one); round 0 is named by neither
+    assert {f for f in files(tmp_path) if f.startswith("client000001")} == {"client000001-r000001.pt",
+                                                                             "client000001-r000002.pt"}
+    assert {f for f in files(tmp_path) if f.startswith("client000003")} == {"client000003-r000001.pt"}
+    assert len(files(tmp_path)) == 6  # clients 0, 2, 4 at round 0; 1 at rounds 1 and 2; 3 at round 1
+    store.close()
+
+
+def test_a_resume_missing_state_files_is_one_line(tmp_path):
+    store = DiskStateStore(tmp_path, cache_bytes=0, owns=everyone)
+    with pytest.raises(StateStoreError, match=r"lacks 1 client state file.*client000004-r000003.pt"):
+        store.load_state_dict({4: {"round": 3}}, everyone)
+
+
+def test_state_bytes_counts_nested_tensors():
+    assert state_bytes({"a": torch.zeros(3), "b": [torch.zeros(2, dtype=torch.float64)], "c": 1}) == 12 + 16
+
+
+# ---- runs ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", [["method.name=ditto"], ["method.name=scaffold"],
+                                    ["method.name=test_keep_momentum", "optim.momentum=0.9"]],
+                         ids=["ditto", "scaffold", "kept_momentum"])
+def test_disk_store_runs_are_bitwise_the_in_memory_runs(out, method):
+    extra = ("trainer.rounds=4", "trainer.checkpoint_every=3", *method)
+    mem = run_tiny(out, *extra, name="mem")
+    disk = run_tiny(out, *extra, DISK, name="disk")
+    assert read_metrics(disk) == read_metrics(mem)
+    ga, gb = global_params(mem), global_params(disk)
+    assert all(torch.equal(ga[k], gb[k]) for k in ga)
+    sa, sb = client_states(mem), client_states(disk)
+    assert same_private_states(sa, sb) and sa
+    assert all(set(s) == {"round"} for s in load_ckpt(disk)["clients"].values())  # names files, holds no tensors
+
+
+def test_ctrl_c_then_resume_with_the_disk_store_equals_an_uninterrupted_run(out, monkeypatch):
+    extra = ("method.name=ditto", "trainer.rounds=5", "trainer.checkpoint_every=1", DISK)
+    full = run_tiny(out, *extra, name="full")
+    undo = ctrl_c_at_round(monkeypatch, 3)
+    assert main(tiny(out, "fabric.cpu_threads=1", "logger.run_name=cut", *extra)) == 130
+    cut = out / "outputs" / "cut"
+    assert load_ckpt(cut)["round"] == 2
+    undo()
+    assert main([f"resume={cut}"]) == 0
+    assert read_metrics(cut) == read_metrics(full)
+    assert same_private_states(client_states(cut), client_states(full))
+
+
+def test_a_full_disk_stops_in_one_line_and_the_last_checkpoint_resumes(out, monkeypatch, capsys):
+    extra = ("method.name=ditto", "trainer.rounds=5", "trainer.checkpoint_every=2", DISK)
+    full = run_tiny(out, *extra, name="full")
+    save, calls = torch.save, []
+
+    def save_until_full(obj, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) > 8:  # round 0-1's states and the first checkpoint fit, then the disk is full
+            Path(path).write_bytes(b"\x80half")  # what a write cut short leaves
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(state_module.torch, "save", save_until_full)
+    capsys.readouterr()
+    assert main(tiny(out, "fabric.cpu_threads=1", "logger.run_name=full_disk", *extra)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    run = out / "outputs" / "full_disk"
+    assert len(err) == 1 and f"state.dir {run / 'client_states'}" in err[0] and "the disk is full" in err[0]
+    assert "resumable" in err[0]
+    assert not list((run / "client_states").glob("*.tmp"))  # the cut-short file is gone
+    monkeypatch.setattr(state_module.torch, "save", save)
+    assert main([f"resume={run}"]) == 0
+    assert read_metrics(run) == read_metrics(full)
+
+
+def test_an_unwritable_state_dir_is_one_line_before_anything_is_written(out, capsys):
+    blocked = out / "blocked"
+    blocked.write_text("a file, not a directory")
+    capsys.readouterr()
+    assert main(tiny(out, "logger.run_name=nope", "state.cache_mb=1", f"state.dir={blocked / 'states'}")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"state.dir {blocked / 'states'} is not writable" in err[0]
+    assert not (out / "outputs" / "nope").exists()
+
+
+@pytest.mark.slow
+def test_sigkill_inside_a_state_file_write_then_resume_equals_an_uninterrupted_run(out):
+    """The killer dies half-way through writing a client state file in round 3: the half file is a .tmp no
+    checkpoint names, and the resumed run ends where an uninterrupted one does."""
+    args = tiny(out, "fabric.cpu_threads=1", "method.name=ditto", "trainer.rounds=6", "trainer.checkpoint_every=2",
+                DISK)
+    full = run_cli(args + ["logger.run_name=full"], cwd=out)
+    assert full.returncode == 0, full.stderr[-2000:]
+    res = run_cli(args + ["logger.run_name=killed"], cwd=out, env={"FL_TEST_KILL_WRITE_ROUND": "3"},
+                  script=(str(ROOT / "tests" / "killer.py"),))
+    assert res.returncode == -signal.SIGKILL
+    killed = out / "outputs" / "killed"
+    assert load_ckpt(killed)["round"] == 1 and list((killed / "client_states").glob("*.tmp"))
+    res = run_cli([f"resume={killed}"], cwd=out)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert read_metrics(killed) == read_metrics(out / "outputs" / "full")
+    assert same_private_states(client_states(killed), client_states(out / "outputs" / "full"))
+
+
+@pytest.mark.slow
+def test_two_processes_own_their_clients_and_a_one_process_resume_reads_their_files(out):
+    """ddp on 2 processes with the disk store: the same run as 1 process (each process wrote only the files of the
+    clients it owns, cid % 2), and with the shared state.dir a 1-process resume continues it."""
+    one, two = one_and_two_processes(out, "method.name=ditto", "trainer.rounds=4", "data.num_clients=7",
+                                     "trainer.participation=0.6", "trainer.checkpoint_every=2", DISK)
+    assert_same_rows(read_metrics(one), read_metrics(two), abs=1e-5)
+    sa, sb = client_states(one), client_states(two)
+    assert sa.keys() == sb.keys()
+    for c in sa:
+        for k, v in sa[c]["private"].items():
+            torch.testing.assert_close(sb[c]["private"][k], v, rtol=0, atol=1e-5)
+    res = run_cli([f"resume={two}", "trainer.rounds=6"], cwd=out)  # 2 processes wrote it, 1 continues
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert load_ckpt(two)["round"] == 5
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_process_count_without_the_files_is_one_line(out):
+    args = tiny(out, "fabric.cpu_threads=1", "method.name=ditto", "trainer.rounds=2", DISK,
+                "logger.run_name=moved")
+    assert run_cli(args, cwd=out).returncode == 0
+    run = out / "outputs" / "moved"
+    for f in (run / "client_states").glob("client000001-*.pt"):  # a node whose files this machine lacks
+        os.remove(f)
+    res = run_cli([f"resume={run}", "trainer.rounds=3"], cwd=out)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "lacks 1 client state file" in res.stderr and "client000001-r" in res.stderr
