@@ -105,10 +105,14 @@ def test_sweep_files_name_real_keys():
 
     for path in Path(__file__).resolve().parent.parent.glob("sweeps/*.yaml"):
         sweep = yaml.safe_load(path.read_text())
-        conf = next(a.split("=", 1)[1] for a in sweep["command"] if str(a).startswith("conf="))
-        for key, spec in sweep["parameters"].items():
-            value = spec["values"][0] if "values" in spec else spec["min"]
-            load_config([f"conf={conf}", f"{key}={value}"])
+        params = dict(sweep["parameters"])
+        # the config: fixed in the command, or itself a parameter (a comparison over configs)
+        confs = params.pop("conf")["values"] if "conf" in params else [
+            next(a.split("=", 1)[1] for a in sweep["command"] if str(a).startswith("conf="))]
+        for conf in confs:
+            for key, spec in params.items():
+                value = spec["values"][0] if "values" in spec else spec["min"]
+                load_config([f"conf={conf}", f"{key}={value}"])
 
 
 def test_missing_real_data_names_the_synthetic_twin(out, capsys):
