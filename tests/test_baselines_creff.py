@@ -292,5 +292,5 @@ def test_configs_hold_the_chosen_values():
                                                                                                      0.1, 0.01)
     assert (real.crt_batch_size, real.crt_init, real.grad_weighting) == (None, "random", "clients")
     twin = load_config(["conf=creff_cifar100_dir01_synthetic"]).method
-    assert (twin.num_of_feature, twin.match_epoch, twin.crt_epoch) == (10, 20, 30)
+    assert (twin.num_of_feature, twin.match_epoch, twin.crt_epoch) == (10, 20, 300)
     assert (twin.lr_feature, twin.lr_net, twin.crt_init, twin.grad_weighting) == (0.1, 0.01, "random", "clients")
