@@ -10,7 +10,7 @@ import fl.core.state as state
 KILL_ROUND = os.environ.get("FL_TEST_KILL_ROUND")
 KILL_WRITE_ROUND = os.environ.get("FL_TEST_KILL_WRITE_ROUND")
 _train_client = orchestrator.Orchestrator.train_client
-_write = state.DiskStateStore._write
+_write_file = state.DiskStateStore._write_file
 
 
 def train_client_then_die(self, rnd, cid):
@@ -19,18 +19,17 @@ def train_client_then_die(self, rnd, cid):
     return _train_client(self, rnd, cid)
 
 
-def write_half_then_die(self, cid, client_state):
-    path = self.path(cid, self._round[cid])
-    if self._round[cid] == int(KILL_WRITE_ROUND):
+def write_half_then_die(self, path, client_state):
+    if path.name.endswith(f"-r{int(KILL_WRITE_ROUND):06d}.pt"):
         path.with_name(path.name + ".tmp").write_bytes(b"\x80\x02half a state")
         os.kill(os.getpid(), signal.SIGKILL)
-    return _write(self, cid, client_state)
+    return _write_file(self, path, client_state)
 
 
 if KILL_ROUND is not None:
     orchestrator.Orchestrator.train_client = train_client_then_die
 if KILL_WRITE_ROUND is not None:
-    state.DiskStateStore._write = write_half_then_die
+    state.DiskStateStore._write_file = write_half_then_die
 
 if __name__ == "__main__":
     from fl.run.train import main

@@ -174,13 +174,14 @@ class Orchestrator:
             fabric.call("on_round_start", round_ctx, selected)
 
         acc = WeightedSum()
-        results, states = [], {}
+        results = []
         mine = [cid for cid in selected if self.owns(cid)]
         for i, cid in enumerate(mine):
             if i + 1 < len(mine):  # read the next client's state while this one trains
                 self.store.prefetch(mine[i + 1])
             upload, result = self.train_client(rnd, cid)
-            states[cid], result.state = result.state, {}  # the state stays on this process
+            self.store.stage(cid, result.state, rnd)  # stays on this process; the store sees it at commit
+            result.state = {}
             result.bytes_up = payload_bytes(upload.params) + payload_bytes(upload.message)
             if not finetuning:
                 acc.add(upload.params, server.weight(cid, upload))
@@ -194,7 +195,7 @@ class Orchestrator:
         if faults:
             raise TrainingFault(faults[0])
 
-        self.store.update(states, rnd)
+        self.store.commit(rnd)
         if not finetuning:
             fabric.call("server_step", round_ctx, mean, {r.cid: r.message for r in results})
 

@@ -59,12 +59,21 @@ class ClientStateStore:
 
     def __init__(self) -> None:
         self._states: dict[int, dict[str, Any]] = {}
+        self._staged: dict[int, dict[str, Any]] = {}
 
     def get(self, cid: int) -> Optional[dict[str, Any]]:
         return self._states.get(cid)
 
     def update(self, states: dict[int, dict[str, Any]], rnd: int) -> None:
         self._states.update(states)
+
+    def stage(self, cid: int, state: dict[str, Any], rnd: int) -> None:
+        """Client cid's state after round rnd; `get` and checkpoints see it once the round is committed."""
+        self._staged[cid] = state
+
+    def commit(self, rnd: int) -> None:
+        self.update(self._staged, rnd)
+        self._staged = {}
 
     def prefetch(self, cid: int) -> None:
         """A hint that `cid` is needed next (nothing to do in memory)."""
@@ -78,6 +87,7 @@ class ClientStateStore:
 
     def load_state_dict(self, states: dict[int, dict[str, Any]], owns: Callable[[int], bool]) -> None:
         self._states = {cid: s for cid, s in states.items() if owns(cid)}
+        self._staged = {}
 
     def checkpointed(self) -> None:
         """Called once the checkpoint holding `state_dict()` is in place."""
@@ -115,6 +125,8 @@ class DiskStateStore:
         self._kept: list[dict[int, int]] = [{}, {}]  # the last two checkpoints' {cid: round}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-prefetch")
         self._pending: dict[int, Future] = {}
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-write")
+        self._writes: list[tuple[int, Future]] = []  # staged states being written: (cid, its write)
         self.files_written = 0  # for benchmarks and tests
 
     def path(self, cid: int, rnd: int) -> Path:
@@ -137,6 +149,20 @@ class DiskStateStore:
             self._drop(cid)
             self._round[cid] = rnd
             self._insert(cid, state, written=False)
+
+    def stage(self, cid: int, state: dict[str, Any], rnd: int) -> None:
+        """Client cid's state after round rnd, written to its file in the background while the next client trains
+        (at most two writes wait, so memory stays bounded); `get` and checkpoints see it after `commit(rnd)`."""
+        for _, write in self._writes[:-1]:  # bound the states waiting to be written
+            write.result()
+        self._writes.append((cid, self._writer.submit(self._write_file, self.path(cid, rnd), state)))
+
+    def commit(self, rnd: int) -> None:
+        writes, self._writes = self._writes, []
+        for cid, write in writes:
+            write.result()  # a failed write raises StateStoreError here
+            self._drop(cid)
+            self._round[cid] = rnd
 
     def prefetch(self, cid: int) -> None:
         if cid in self._round and cid not in self._cache and cid not in self._pending:
@@ -178,9 +204,13 @@ class DiskStateStore:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._writer.shutdown(wait=True, cancel_futures=True)
 
     # ---- internals ------------------------------------------------------------------------------
     def _reset(self) -> None:
+        for _, write in self._writes:
+            write.result()
+        self._writes.clear()
         for future in self._pending.values():
             future.cancel()
         self._pending.clear()
@@ -216,7 +246,9 @@ class DiskStateStore:
         return torch.load(self.path(cid, rnd), map_location="cpu", weights_only=True)
 
     def _write(self, cid: int, state: dict[str, Any]) -> None:
-        path = self.path(cid, self._round[cid])
+        self._write_file(self.path(cid, self._round[cid]), state)
+
+    def _write_file(self, path: Path, state: dict[str, Any]) -> None:
         tmp = path.with_name(path.name + ".tmp")
         try:
             torch.save(state, tmp)
