@@ -169,3 +169,19 @@ def ctrl_c_at_round(monkeypatch, rnd: int) -> Callable[[], None]:
 
     monkeypatch.setattr(Orchestrator, "train_client", train_client)
     return lambda: monkeypatch.setattr(Orchestrator, "train_client", original)
+
+
+def interrupted_and_resumed(out: Path, monkeypatch, *extra: str, at_round: int = 2) -> tuple[Path, Path]:
+    """The tiny run with `extra` twice: uninterrupted (outputs/full), and Ctrl-C'd when round `at_round` starts
+    (exit 130, a checkpoint of the round before) then resumed to the end (outputs/cut); returns (full, cut) for
+    the caller to compare."""
+    from fl.run.train import main
+
+    full = run_tiny(out, *extra, name="full")
+    undo = ctrl_c_at_round(monkeypatch, at_round)
+    assert main(tiny(out, "fabric.cpu_threads=1", "logger.run_name=cut", *extra)) == 130
+    cut = out / "outputs" / "cut"
+    assert load_ckpt(cut)["round"] == at_round - 1
+    undo()
+    assert main([f"resume={cut}"]) == 0
+    return full, cut

@@ -17,12 +17,11 @@ from fl.core.server import Server
 from fl.data import build_data
 from fl.methods import confree
 from fl.methods.confree import ConFREEClient, ConFREEServer, aggregate
-from fl.run.train import main
 from tests.helpers import (
     assert_same_rows,
-    ctrl_c_at_round,
     global_params,
     initial_model,
+    interrupted_and_resumed,
     load_ckpt,
     one_and_two_processes,
     read_metrics,
@@ -279,13 +278,7 @@ def test_resume_equals_uninterrupted(out, monkeypatch):
     """Interrupted (Ctrl-C) in round 2 of 4, then resumed: the same metrics, global model and personal heads."""
     extra = ("method.name=confree", "method.c=0.5", "trainer.rounds=4", "trainer.checkpoint_every=10",
              "trainer.local_steps=3", "method.head_steps=1")
-    full = run_tiny(out, *extra, name="full")
-    undo = ctrl_c_at_round(monkeypatch, 2)
-    assert main(tiny(out, "fabric.cpu_threads=1", "logger.run_name=cut", *extra)) == 130
-    cut = out / "outputs" / "cut"
-    assert load_ckpt(cut)["round"] == 1
-    undo()
-    assert main([f"resume={cut}"]) == 0
+    full, cut = interrupted_and_resumed(out, monkeypatch, *extra)
     assert rows(cut) == rows(full)
     a, b = load_ckpt(full), load_ckpt(cut)
     assert set(a["server"]) == {"global_params"}  # no server state beyond the global body

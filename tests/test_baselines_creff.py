@@ -29,11 +29,10 @@ from fl.methods.creff import (
     update_features,
 )
 from fl.methods.fedavg import FedAvgClient
-from fl.run.train import main
 from tests.helpers import (
-    ctrl_c_at_round,
     global_params,
     initial_model,
+    interrupted_and_resumed,
     load_ckpt,
     read_metrics,
     record_uploads,
@@ -257,13 +256,7 @@ def test_resume_equals_uninterrupted_federated_features_included(out, monkeypatc
     """Interrupted (Ctrl-C) in round 2 of 4, then resumed: the same metrics, global model, federated features and
     re-trained classifier."""
     extra = (*CHEAP, "trainer.rounds=4", "trainer.checkpoint_every=10", "trainer.local_steps=2")
-    full = run_tiny(out, *extra, name="full")
-    undo = ctrl_c_at_round(monkeypatch, 2)
-    assert main(tiny(out, "fabric.cpu_threads=1", "logger.run_name=cut", *extra)) == 130
-    cut = out / "outputs" / "cut"
-    assert load_ckpt(cut)["round"] == 1
-    undo()
-    assert main([f"resume={cut}"]) == 0
+    full, cut = interrupted_and_resumed(out, monkeypatch, *extra)
     assert read_metrics(cut) == read_metrics(full)
     a, b = server_state(full), server_state(cut)
     assert a["global_params"].keys() == b["global_params"].keys()

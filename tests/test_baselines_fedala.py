@@ -18,9 +18,9 @@ from fl.methods.fedala import FedALAClient, ala_init, converged, mixed_keys, wei
 from fl.methods.fedavg import FedAvgClient
 from fl.run.train import main
 from tests.helpers import (
-    ctrl_c_at_round,
     global_params,
     initial_model,
+    interrupted_and_resumed,
     load_ckpt,
     read_metrics,
     record_uploads,
@@ -227,13 +227,7 @@ def test_resume_equals_uninterrupted(out, monkeypatch):
     start-phase flags."""
     extra = ("method.name=fedala", "method.eta=0.5", "method.num_pre_loss=2", "trainer.rounds=4",
              "trainer.checkpoint_every=10", "trainer.local_steps=2")
-    full = run_tiny(out, *extra, name="full")
-    undo = ctrl_c_at_round(monkeypatch, 2)
-    assert main(tiny(out, "fabric.cpu_threads=1", "logger.run_name=cut", *extra)) == 130
-    cut = out / "outputs" / "cut"
-    assert load_ckpt(cut)["round"] == 1
-    undo()
-    assert main([f"resume={cut}"]) == 0
+    full, cut = interrupted_and_resumed(out, monkeypatch, *extra)
     assert read_metrics(cut) == read_metrics(full)
     a, b = load_ckpt(full), load_ckpt(cut)
     ga, gb = a["server"]["global_params"], b["server"]["global_params"]

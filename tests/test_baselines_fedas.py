@@ -16,14 +16,12 @@ from fl.core import Upload, batch_indices, generator
 from fl.core.exchange import WeightedSum, exchange
 from fl.core.optim import round_lr
 from fl.methods.fedas import FedASClient, alignment_loss, class_prototypes
-from fl.run.train import main
 from tests.helpers import (
     assert_same_rows,
     client_states,
-    ctrl_c_at_round,
     global_params,
     initial_model,
-    load_ckpt,
+    interrupted_and_resumed,
     one_and_two_processes,
     orchestrator,
     read_metrics,
@@ -213,13 +211,7 @@ def test_resume_equals_uninterrupted(out, monkeypatch):
     previous local body and the personal head), with the paper's choices (prototypes, Fisher weights, local model)."""
     extra = ("method.name=fedas", "trainer.rounds=4", "trainer.checkpoint_every=10", "trainer.local_steps=3",
              "method.align_steps=1")
-    full = run_tiny(out, *extra, name="full")
-    undo = ctrl_c_at_round(monkeypatch, 2)
-    assert main(tiny(out, "fabric.cpu_threads=1", "logger.run_name=cut", *extra)) == 130
-    cut = out / "outputs" / "cut"
-    assert load_ckpt(cut)["round"] == 1
-    undo()
-    assert main([f"resume={cut}"]) == 0
+    full, cut = interrupted_and_resumed(out, monkeypatch, *extra)
     assert read_metrics(cut) == read_metrics(full)
     a, b = global_params(full), global_params(cut)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

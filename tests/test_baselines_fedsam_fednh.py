@@ -15,11 +15,10 @@ from fl.config import load_config
 from fl.core import batch_indices, generator, sample_clients
 from fl.data import build_data
 from fl.methods.fednh import PROTOTYPES, FedNHClient, FedNHServer, init_prototypes, update_prototypes
-from fl.run.train import main
 from tests.helpers import (
-    ctrl_c_at_round,
     global_params,
     initial_model,
+    interrupted_and_resumed,
     load_ckpt,
     read_metrics,
     record_uploads,
@@ -197,13 +196,7 @@ def test_fednh_prototypes_stay_unit_norm_and_resume_equals_uninterrupted(out, mo
     """Interrupted (Ctrl-C) in round 2 of 4, then resumed: the same metrics and the same global model, prototypes
     included (they are part of the server's state_dict)."""
     extra = ("method.name=fednh", "trainer.rounds=4", "trainer.checkpoint_every=10", "method.rho=0.5")
-    full = run_tiny(out, *extra, name="full")
-    undo = ctrl_c_at_round(monkeypatch, 2)
-    assert main(tiny(out, "fabric.cpu_threads=1", "logger.run_name=cut", *extra)) == 130
-    cut = out / "outputs" / "cut"
-    assert load_ckpt(cut)["round"] == 1
-    undo()
-    assert main([f"resume={cut}"]) == 0
+    full, cut = interrupted_and_resumed(out, monkeypatch, *extra)
     assert rows(cut) == rows(full)
     a, b = global_params(full), global_params(cut)
     assert a.keys() == b.keys() and PROTOTYPES in a and all(torch.equal(a[k], b[k]) for k in a)

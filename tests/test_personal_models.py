@@ -13,8 +13,14 @@ from fl.data import build_data
 from fl.methods.fedphp import hpm_weight
 from fl.methods.perfedavg import hessian_vector_fd, loss_and_grad
 from fl.methods.pfedme import solve_inner
-from fl.run.train import main
-from tests.helpers import assert_same_rows, ctrl_c_at_round, initial_model, one_and_two_processes, read_metrics, tiny
+from tests.helpers import (
+    assert_same_rows,
+    initial_model,
+    interrupted_and_resumed,
+    one_and_two_processes,
+    read_metrics,
+    tiny,
+)
 from tests.helpers import load_ckpt as ckpt
 from tests.helpers import run_tiny as run
 
@@ -234,13 +240,7 @@ def test_resume_restores_every_clients_state(out, method, monkeypatch):
     """Interrupted (Ctrl-C) in round 2 of 4, then resumed: the same run as an uninterrupted one, client states
     included (the run length is not changed, since FedPHP's moving-average schedule depends on it)."""
     extra = (f"method.name={method}", "trainer.rounds=4", "trainer.checkpoint_every=10")
-    full = run(out, *extra, name="full")
-    undo = ctrl_c_at_round(monkeypatch, 2)
-    assert main(tiny(out, "fabric.cpu_threads=1", "logger.run_name=cut", *extra)) == 130
-    cut = out / "outputs" / "cut"
-    assert ckpt(cut)["round"] == 1
-    undo()
-    assert main([f"resume={cut}"]) == 0
+    full, cut = interrupted_and_resumed(out, monkeypatch, *extra)
     assert read_metrics(cut) == read_metrics(full)
     a, b = ckpt(full), ckpt(cut)
     assert all(torch.equal(v, b["server"]["global_params"][k]) for k, v in a["server"]["global_params"].items())

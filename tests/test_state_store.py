@@ -19,8 +19,8 @@ from tests.helpers import (
     ROOT,
     assert_same_rows,
     client_states,
-    ctrl_c_at_round,
     global_params,
+    interrupted_and_resumed,
     load_ckpt,
     one_and_two_processes,
     read_metrics,
@@ -117,13 +117,7 @@ def test_disk_store_runs_are_bitwise_the_in_memory_runs(out, method):
 
 def test_ctrl_c_then_resume_with_the_disk_store_equals_an_uninterrupted_run(out, monkeypatch):
     extra = ("method.name=ditto", "trainer.rounds=5", "trainer.checkpoint_every=1", DISK)
-    full = run_tiny(out, *extra, name="full")
-    undo = ctrl_c_at_round(monkeypatch, 3)
-    assert main(tiny(out, "fabric.cpu_threads=1", "logger.run_name=cut", *extra)) == 130
-    cut = out / "outputs" / "cut"
-    assert load_ckpt(cut)["round"] == 2
-    undo()
-    assert main([f"resume={cut}"]) == 0
+    full, cut = interrupted_and_resumed(out, monkeypatch, *extra, at_round=3)
     assert read_metrics(cut) == read_metrics(full)
     assert same_private_states(client_states(cut), client_states(full))
 
