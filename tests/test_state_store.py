@@ -6,6 +6,7 @@ whose metrics equal an uninterrupted run's; 1 and 2 processes, and a resume with
 import errno
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,29 @@ def test_a_resume_missing_state_files_is_one_line(tmp_path):
     store = DiskStateStore(tmp_path, cache_bytes=0, owns=everyone)
     with pytest.raises(StateStoreError, match=r"lacks 1 client state file.*client000004-r000003.pt"):
         store.load_state_dict({4: {"round": 3}}, everyone)
+
+
+def test_a_failed_background_write_waits_for_the_writes_behind_it_before_it_raises(tmp_path, monkeypatch):
+    save = torch.save
+
+    def save_failing(obj, path, *args, **kwargs):
+        if obj["count"] == 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        if obj["count"] == 1:  # still writing when client 0's error is found
+            Path(path).write_bytes(b"\x80half")
+            time.sleep(0.3)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(state_module.torch, "save", save_failing)
+    store = DiskStateStore(tmp_path, cache_bytes=0, owns=everyone)
+    store.stage(0, fake_state(0), rnd=0)
+    store.stage(1, fake_state(1), rnd=0)
+    time.sleep(0.1)  # client 1's half file is on disk
+    with pytest.raises(StateStoreError, match="the disk is full"):
+        store.stage(2, fake_state(2), rnd=0)
+    assert not list(tmp_path.glob("*.tmp"))  # client 1's write finished (and cleaned up) before the error surfaced
+    store.close()
 
 
 def test_state_bytes_counts_nested_tensors():

@@ -153,14 +153,13 @@ class DiskStateStore:
     def stage(self, cid: int, state: dict[str, Any], rnd: int) -> None:
         """Client cid's state after round rnd, written to its file in the background while the next client trains
         (at most two writes wait, so memory stays bounded); `get` and checkpoints see it after `commit(rnd)`."""
-        for _, write in self._writes[:-1]:  # bound the states waiting to be written
-            write.result()
+        self._wait(self._writes[:-1])  # bound the states waiting to be written
         self._writes.append((cid, self._writer.submit(self._write_file, self.path(cid, rnd), state)))
 
     def commit(self, rnd: int) -> None:
         writes, self._writes = self._writes, []
-        for cid, write in writes:
-            write.result()  # a failed write raises StateStoreError here
+        self._wait(writes)  # a failed write raises StateStoreError here
+        for cid, _ in writes:
             self._drop(cid)
             self._round[cid] = rnd
 
@@ -208,9 +207,8 @@ class DiskStateStore:
 
     # ---- internals ------------------------------------------------------------------------------
     def _reset(self) -> None:
-        for _, write in self._writes:
-            write.result()
-        self._writes.clear()
+        writes, self._writes = self._writes, []
+        self._wait(writes)
         for future in self._pending.values():
             future.cancel()
         self._pending.clear()
@@ -241,6 +239,17 @@ class DiskStateStore:
                 self._unwritten.discard(old)
             del self._cache[old]
             self._used -= self._sizes.pop(old)
+
+    def _wait(self, writes: list[tuple[int, Future]]) -> None:
+        """Waits for every write in `writes`, then raises the first failure: none is still running (and none holds
+        a half-written .tmp file) when the error reaches the caller."""
+        errors = [write.exception() for _, write in writes]
+        failed = next((err for err in errors if err is not None), None)
+        if failed is not None:
+            for _, write in self._writes:  # the ones queued behind them too
+                write.exception()
+            self._writes.clear()
+            raise failed
 
     def _read(self, cid: int, rnd: int) -> dict[str, Any]:
         return torch.load(self.path(cid, rnd), map_location="cpu", weights_only=True)
