@@ -1,5 +1,6 @@
-"""The run directory: created once by the parent process (launched ranks find it through FL_RUN_DIR), with
-config.yaml, the partition's description and heatmaps, and summary.json at the end."""
+"""The run directory: created once by the parent process (launched ranks find it through FL_RUN_DIR), or, when
+torchrun or srun started the processes, named by logger.run_name on every node; with config.yaml, the partition's
+description and heatmaps, and summary.json at the end."""
 from __future__ import annotations
 
 import itertools
@@ -9,9 +10,10 @@ import time
 import uuid
 from pathlib import Path
 
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig
 
-from fl.config import to_yaml
+from fl.config import ConfigError, to_yaml
 from fl.data.plots import partition_heatmaps, write_partition_info
 
 RUN_DIR_ENV = "FL_RUN_DIR"  # lets the processes a Fabric launcher starts find the parent's run directory
@@ -32,17 +34,51 @@ def new_run_dir(cfg: DictConfig) -> Path:
             continue
 
 
-def prepare_run_dir(cfg: DictConfig) -> Path:
-    """The parent process creates the run directory and writes config.yaml; launched ranks reuse it."""
+def external_launch() -> tuple[str, int, int] | None:
+    """(launcher, processes, this one's global rank) when torchrun or srun started more than one process for this
+    run, each on its own: nothing is shared between them before the process group forms."""
+    for name, env in (("torchrun", TorchElasticEnvironment), ("srun", SLURMEnvironment)):
+        if env.detect():
+            launched = env()
+            if launched.world_size() > 1:
+                return name, launched.world_size(), launched.global_rank()
+    return None
+
+
+def launched_run_dir(cfg: DictConfig) -> Path | None:
+    """The run directory every process torchrun or srun started uses: outputs/<logger.run_name> on each node
+    (the processes cannot agree on a generated name); None when this process was not started that way. Raises
+    ConfigError, before anything is written, without a name or when rank 0 finds a run already there."""
+    launch = os.environ.get(RUN_DIR_ENV) is None and not cfg.resume and external_launch()
+    if not launch:
+        return None
+    launcher, processes, rank = launch
+    if not cfg.logger.run_name:
+        raise ConfigError(f"{launcher} started {processes} processes: set logger.run_name=NAME, the run directory "
+                          "all of them use on every node (outputs/NAME)")
+    run_dir = Path(cfg.logger.output_dir) / cfg.logger.run_name
+    if rank == 0 and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):
+        raise ConfigError(f"logger.run_name={cfg.logger.run_name!r}: {run_dir} already holds a run; continue it "
+                          f"with resume={run_dir}, or choose another logger.run_name")
+    return run_dir
+
+
+def prepare_run_dir(cfg: DictConfig, named: Path | None = None) -> Path:
+    """The parent process creates the run directory and writes config.yaml; launched ranks reuse it. `named`:
+    the directory of `launched_run_dir`, which every process started by torchrun or srun creates on its node."""
     if os.environ.get(RUN_DIR_ENV):
         return Path(os.environ[RUN_DIR_ENV])
-    if cfg.resume:
-        run_dir = Path(cfg.resume)
+    if cfg.resume or named is not None:
+        run_dir = Path(cfg.resume or named)
         run_dir.mkdir(parents=True, exist_ok=True)
     else:
         run_dir = new_run_dir(cfg)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    if not (run_dir / "wandb_id").exists():
+    # every node needs config.yaml for a resume; processes sharing a filesystem write it side by side
+    tmp = run_dir / f"config.yaml.{os.getpid()}.tmp"
+    tmp.write_text(to_yaml(cfg))
+    tmp.replace(run_dir / "config.yaml")
+    launch = external_launch()
+    if not (run_dir / "wandb_id").exists() and (launch is None or launch[2] == 0):  # rank 0 logs to W&B
         (run_dir / "wandb_id").write_text(uuid.uuid4().hex[:12])
     os.environ[RUN_DIR_ENV] = str(run_dir)
     return run_dir

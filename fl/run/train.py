@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
+from fl.core.exchange import gather_objects
 from fl.core.state import StateStoreError, check_writable
 from fl.data import DataError, build_data
 from fl.report.summary import summarize_history
@@ -23,7 +24,7 @@ from fl.report.wandb_access import has_wandb_key, wandb_mode
 from fl.run.cli_help import USAGE, list_items, method_help
 from fl.run.loggers import JsonlLogger, make_wandb_logger
 from fl.run.progress import RoundProgress, format_summary, round_label
-from fl.run.run_dir import RUN_DIR_ENV, log_partition, prepare_run_dir, write_summary
+from fl.run.run_dir import RUN_DIR_ENV, launched_run_dir, log_partition, prepare_run_dir, write_summary
 
 
 def _fail(message: str, code: int) -> int:
@@ -83,6 +84,21 @@ def resume_point(cfg: DictConfig, data) -> tuple[Path, dict, list[str]] | None:
     if state["fingerprint"] != data.fingerprint():
         raise CheckpointError(f"{path} was written for another data split than this config's")
     return path, state, skipped
+
+
+def resume_on_every_node(fabric: Fabric, cfg: DictConfig, resume):
+    """Rank 0's checkpoint is the one the run continues from. A process whose node lacks that file (nodes without
+    a shared filesystem: only rank 0 writes checkpoints) receives it from rank 0."""
+    if fabric.world_size == 1:
+        return resume
+    found = None if resume is None else (resume[0].name, resume[1]["round"])
+    chosen = fabric.broadcast(found, src=0)
+    lacking = found != chosen
+    if any(gather_objects(fabric, lacking)):
+        state = fabric.broadcast(resume[1] if fabric.global_rank == 0 else None, src=0)
+        if lacking:
+            resume = None if chosen is None else (Path(cfg.resume) / "checkpoints" / chosen[0], state, [])
+    return resume
 
 
 def make_fabric(cfg: DictConfig, callbacks: list, loggers: list) -> Fabric:
@@ -150,6 +166,7 @@ def _run(argv: list[str]) -> int:
             f = cfg.fabric
             raise ConfigError(f"fabric.accelerator={f.accelerator!r} fabric.devices={f.devices!r} "
                               f"fabric.strategy={f.strategy!r} rejected: {str(err).splitlines()[0]}") from None
+        named = launched_run_dir(cfg)
     except (ConfigError, CheckpointError) as err:
         return _fail(str(err) + (_twin_hint(argv) if isinstance(err, DataError) else ""), 2)
     except StateStoreError as err:
@@ -157,7 +174,7 @@ def _run(argv: list[str]) -> int:
     except (ValueError, RuntimeError, FileNotFoundError) as err:
         return _fail(f"{type(err).__name__}: {str(err).splitlines()[0]}", 2)
 
-    run_dir = prepare_run_dir(cfg)
+    run_dir = prepare_run_dir(cfg, named)
     jsonl = JsonlLogger(run_dir / "metrics.jsonl")
     wandb_logger = make_wandb_logger(cfg, run_dir, run_dir.name,
                                      resume_round=resume[1]["round"] if resume is not None else None)
@@ -165,6 +182,7 @@ def _run(argv: list[str]) -> int:
     fabric.launch()
     if cfg.fabric.cpu_threads:
         torch.set_num_threads(cfg.fabric.cpu_threads)
+    resume = resume_on_every_node(fabric, cfg, resume)
     try:
         orch = Orchestrator(cfg, fabric, data, server, run_dir)
     except StateStoreError as err:
