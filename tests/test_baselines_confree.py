@@ -3,13 +3,12 @@ projections onto the normal planes of the original updates, Stage 2's max-min st
 rescaling, per-layer scope), the paper's guarantees (the step serves every client of a two-client conflict; d* is the
 best worst-client step in the ball), FedRep's average exactly without conflicts at c = 0, end to end: one-client
 rounds are FedRep's at c = 0 and (1 + c) times its step otherwise, a round equals the step on the uploaded messages,
-resume equals uninterrupted; the configs equal FedDRM's protocol outside the method block."""
+resume equals uninterrupted (its configs: tests/test_baseline_configs.py)."""
 import functools
 import math
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from fl.config import ConfigError, load_config
 from fl.core.exchange import WeightedSum
@@ -305,16 +304,6 @@ def test_one_and_two_processes_give_the_same_run(out):
                for c in a["clients"] for k in a["clients"][c]["private"])
 
 
-# ---- configs ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mine, theirs", [("confree_cifar10_dir03", "feddrm_cifar10_dir03"),
-                                          ("confree_cifar10_dir03_synthetic", "feddrm_cifar10_dir03_synthetic")])
-def test_configs_follow_feddrms_protocol_outside_the_method_block(mine, theirs):
-    a, b = (OmegaConf.to_container(load_config([f"conf={n}"]), resolve=True) for n in (mine, theirs))
-    assert a.pop("method")["name"] == "confree"
-    b.pop("method")
-    assert a == b
-
-
 def test_config_holds_the_chosen_values_and_rejects_bad_ones():
     m = load_config(["conf=confree_cifar10_dir03"]).method
     assert (m.head_steps, m.c, m.weighting, m.rescale, m.scope) == (5, 0.5, "uniform", False, "model")
@@ -323,4 +312,3 @@ def test_config_holds_the_chosen_values_and_rejects_bad_ones():
                      ("method.head_steps=10", "method.head_steps")]:
         with pytest.raises(ConfigError, match=key):
             load_config(["conf=confree_cifar10_dir03", bad])
-

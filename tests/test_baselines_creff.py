@@ -2,8 +2,7 @@
 classifier gradient against autograd, the aggregation of the real gradients, the matching loss and one feature step,
 the re-training against hand-written SGD, and how server_step composes them); the clients' training is FedAvg's
 bitwise and their message is the received model's per-class gradient; evaluation scores the re-trained classifier;
-resume equals an uninterrupted run, federated features included; the configs equal FedACD's outside the method
-block."""
+resume equals an uninterrupted run, federated features included (its configs: tests/test_baseline_configs.py)."""
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
 from fl.config import load_config
 from fl.core import batch_indices, generator
@@ -265,18 +263,6 @@ def test_resume_equals_uninterrupted_federated_features_included(out, monkeypatc
     assert all(torch.equal(a["crt_head"][k], b["crt_head"][k]) for k in ("weight", "bias"))
     start = torch.randn(10, 4, 16, generator=generator(0, 0, -1, "creff/features"))
     assert not torch.allclose(a["features"], start)  # the server moved them
-
-
-# ---- configs -------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mine, theirs", [
-    ("creff_cifar100_dir01", "fedacd_cifar100_dir01"),
-    ("creff_cifar100_dir01_synthetic", "fedacd_cifar100_dir01_synthetic"),
-])
-def test_config_follows_fedacds_protocol_outside_the_method_block(mine, theirs):
-    a, b = (OmegaConf.to_container(load_config([f"conf={n}"]), resolve=True) for n in (mine, theirs))
-    assert a.pop("method")["name"] == "creff"
-    b.pop("method")
-    assert a == b
 
 
 def test_configs_hold_the_chosen_values():

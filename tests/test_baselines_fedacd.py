@@ -1,7 +1,7 @@
 """FedNova, FedLC, FedNTD and FedDecorr (fl/methods/fednova.py, fedlc.py, fedntd.py, feddecorr.py), FedACD's
 baselines: each one's defining property (FedNova with equal local steps is FedAvg, and its normalised step in closed
 form with unequal ones; FedLC on a uniform label mix is FedAvg; FedNTD and FedDecorr with beta = 0 are FedAvg
-bitwise), their losses by hand, and their configs equal to FedACD's protocol outside the method block.
+bitwise) and their losses by hand (their configs: tests/test_baseline_configs.py).
 None of the four keeps state beyond FedAvg's (the global model): the checkpoints are checked to hold nothing else."""
 from pathlib import Path
 
@@ -279,17 +279,6 @@ def test_feddecorr_regularises_and_needs_a_backbone(out, capsys):
     assert max_diff(global_params(dec), global_params(avg)) > 1e-4
     assert main(tiny(out, "method.name=feddecorr", "model.name=logistic")) == 2
     assert "feddecorr" in capsys.readouterr().err
-
-
-# ---- configs -------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", METHODS)
-@pytest.mark.parametrize("twin", ["", "_synthetic"])
-def test_configs_repeat_fedacds_protocol_outside_the_method_block(name, twin):
-    mine, theirs = (OmegaConf.to_container(load_config([f"conf={n}_cifar100_dir01{twin}"]), resolve=True)
-                    for n in (name, "fedacd"))
-    assert mine.pop("method")["name"] == name
-    theirs.pop("method")
-    assert mine == theirs
 
 
 CHOSEN = {  # the values each config picks (its comment says why)

@@ -2,13 +2,12 @@
 initialisation (Eq. 4), the weights' gradient (Eq. 6) and their clipped step (Eq. 5) by hand on fabricated tensors;
 in a run, each round starts from ALA of the client's old local model and the global model (skipped in the first
 round, to convergence on a client's first ALA, one pass afterwards, on an s% sample), clients are scored with their
-local models; resume equals uninterrupted; the configs equal FedDRM's protocol outside the method block."""
+local models; resume equals uninterrupted (its configs: tests/test_baseline_configs.py)."""
 import math
 from collections import OrderedDict
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
 import fl.methods.fedala as fedala
@@ -249,18 +248,7 @@ def test_config_errors(out, capsys):
     assert "method.eta" in capsys.readouterr().err
 
 
-# ---- configs -------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("twin", ["", "_synthetic"])
-def test_config_follows_feddrms_protocol_outside_the_method_block(twin):
-    mine, theirs = (OmegaConf.to_container(load_config([f"conf={n}_cifar10_dir03{twin}"]), resolve=True)
-                    for n in ("fedala", "feddrm"))
-    assert mine.pop("method")["name"] == "fedala"
-    theirs.pop("method")
-    assert mine == theirs
-
-
 def test_config_holds_the_papers_values():
     m = load_config(["conf=fedala_cifar10_dir03"]).method
     assert (m.eta, m.s, m.p, m.threshold, m.num_pre_loss, m.max_start_passes) == (1.0, 80.0, 1, 0.01, 10, 100)
     assert math.isclose(load_config(["conf=fedala_cifar10_dir03_synthetic"]).method.s, 80.0)
-

@@ -2,14 +2,13 @@
 tensors; the alignment steps by hand from the broadcast body and the client's previous local body (and 0 steps leave
 the received body as it came); tr(F_i) by hand for both estimators; the Fisher-weighted server step by hand on
 fabricated uploads (equal traces give the plain mean); align_steps = 0 with n_i weights is FedPer exactly; resume
-equals the uninterrupted run; the configs equal FedDRM's outside the method block."""
+equals the uninterrupted run (its configs: tests/test_baseline_configs.py)."""
 import copy
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
 from fl.config import ConfigError, load_config
 from fl.core import Upload, batch_indices, generator
@@ -243,18 +242,6 @@ def test_one_and_two_processes_give_the_same_run(out):
         for part in ("previous", "private"):
             for k in sa[cid][part]:
                 torch.testing.assert_close(sa[cid][part][k], sb[cid][part][k], rtol=0, atol=1e-6)
-
-
-# ---- configs -------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mine, theirs", [
-    ("fedas_cifar10_dir03", "feddrm_cifar10_dir03"),
-    ("fedas_cifar10_dir03_synthetic", "feddrm_cifar10_dir03_synthetic"),
-])
-def test_config_follows_feddrm_protocol_outside_the_method_block(mine, theirs):
-    a, b = (OmegaConf.to_container(load_config([f"conf={n}"]), resolve=True) for n in (mine, theirs))
-    assert a.pop("method")["name"] == "fedas"
-    b.pop("method")
-    assert a == b
 
 
 def test_config_holds_the_chosen_values():
