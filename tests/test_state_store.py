@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import fl.core.loop as loop_module
 import fl.core.state as state_module
 import tests.keep_momentum  # noqa: F401  (registers method test_keep_momentum)
 from fl.core.state import DiskStateStore, StateStoreError, state_bytes
@@ -117,6 +118,18 @@ def test_a_failed_background_write_waits_for_the_writes_behind_it_before_it_rais
         store.stage(2, fake_state(2), rnd=0)
     assert not list(tmp_path.glob("*.tmp"))  # client 1's write finished (and cleaned up) before the error surfaced
     store.close()
+
+
+@pytest.mark.parametrize("memory, store, warned", [(1024, (), True), (1024, (DISK,), False), (None, (), False)])
+def test_states_that_would_outgrow_memory_are_announced_after_the_first_round(out, monkeypatch, capsys, memory, store,
+                                                                              warned):
+    if memory is not None:  # a machine with 1 KiB of memory; None: this one
+        monkeypatch.setattr(loop_module, "host_memory_bytes", lambda: memory)
+    run_tiny(out, "method.name=ditto", *store, name="run")
+    err = capsys.readouterr().err
+    assert err.count("warning: the client states will take about") == int(warned)
+    if warned:
+        assert "(6 clients x" in err and "state.cache_mb=2048" in err
 
 
 def test_state_bytes_counts_nested_tensors():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from fl.core.optim import build_optimizer, is_finetune_round
 from fl.core.registry import EVALUATORS, METHODS
 from fl.core.seeding import derive_seed, seed_torch
 from fl.core.server import Server
-from fl.core.state import CheckpointError, make_state_store, save_checkpoint
+from fl.core.state import CheckpointError, ClientStateStore, host_memory_bytes, make_state_store, save_checkpoint
 
 
 class TrainingFault(RuntimeError):
@@ -108,6 +109,7 @@ class Orchestrator:
         self.evaluators = enabled_evaluators(cfg)
         self._stop_requested = False
         self._last_broadcast_bytes = 0
+        self._memory_checked = False
         self.module, self.data = make_client_module(cfg, fabric, data)
         server.setup(self.module, self.data)
         self.ckpt_path = run_dir / "checkpoints" / "last.ckpt"
@@ -147,6 +149,20 @@ class Orchestrator:
         if self._stop_requested:  # a second Ctrl-C stops at once
             raise KeyboardInterrupt
         self._stop_requested = True
+
+    def warn_if_states_outgrow_memory(self) -> None:
+        """Once the first states are stored in memory: say so when all of this node's would not fit its memory (the
+        operating system kills such a run hours later, without a word)."""
+        if not isinstance(self.store, ClientStateStore) or not self.fabric.is_global_zero:
+            return
+        owned = len(range(self.fabric.global_rank, self.data.num_clients, self.fabric.world_size))
+        on_node = self.fabric.world_size // self.cfg.fabric.num_nodes
+        need, have = self.store.projected_bytes(owned) * on_node, host_memory_bytes()
+        if need > 0.8 * have:
+            print(f"warning: the client states will take about {need / 2**30:.1f} GiB in memory ({owned} clients x "
+                  f"{need / on_node / owned / 2**20:.0f} MiB on each of {on_node} process(es)), and this machine has "
+                  f"{have / 2**30:.1f} GiB: set state.cache_mb=2048 to keep them on disk behind a 2 GiB cache",
+                  file=sys.stderr)
 
     def owns(self, cid: int) -> bool:
         """Client cid's state lives on this process, which trains and evaluates it (the evaluators' split too)."""
@@ -196,6 +212,9 @@ class Orchestrator:
             raise TrainingFault(faults[0])
 
         self.store.commit(rnd)
+        if not self._memory_checked and len(self.store):
+            self._memory_checked = True
+            self.warn_if_states_outgrow_memory()
         if not finetuning:
             fabric.call("server_step", round_ctx, mean, {r.cid: r.message for r in results})
 

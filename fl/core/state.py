@@ -53,6 +53,11 @@ def check_writable(directory: Path) -> None:
                               "directory: state.dir=PATH") from None
 
 
+def host_memory_bytes() -> int:
+    """This machine's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 class ClientStateStore:
     """cid -> whatever `ClientModule.client_state()` returned (CPU tensors), all in memory. A process holds the
     states of the clients it owns; a checkpoint gathers them into one dict."""
@@ -77,6 +82,11 @@ class ClientStateStore:
 
     def prefetch(self, cid: int) -> None:
         """A hint that `cid` is needed next (nothing to do in memory)."""
+
+    def projected_bytes(self, clients: int) -> int:
+        """The memory the states of `clients` clients take, at the mean size of the states held now."""
+        held = [state_bytes(state) for state in self._states.values()]
+        return sum(held) * clients // len(held) if held else 0
 
     def __len__(self) -> int:
         return len(self._states)
