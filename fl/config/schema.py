@@ -28,6 +28,9 @@ class TrainerConfig:
                                         help="local passes over the client's data (ignored if local_steps is set)")
     local_steps: Optional[int] = param(None, ge=1, help="local optimizer steps per round; overrides local_epochs")
     batch_size: int = param(32, ge=1)
+    parallel_clients: int = param(1, ge=1, help="train this many clients of a round at once, vmapped (methods that "
+                                  "declare a functional local step; others run one at a time, with a notice)")
+    compile: bool = param(False, help="torch.compile the vmapped local step (trainer.parallel_clients > 1)")
     drop_last: bool = False
     participation: float = param(1.0, gt=0.0, le=1.0, help="fraction of clients sampled each round")
     sampling: str = param("fixed", choices=["fixed", "bernoulli"],

@@ -62,6 +62,11 @@ def _to(obj: Any, device) -> Any:
     return copy.deepcopy(obj)
 
 
+def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean of `values` over the rows where `mask` is 1 (a padded row weighs 0)."""
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
 class ClientModule(L.LightningModule):
     #: keep each client's optimizer state (e.g. momentum) in the state store across rounds
     keep_optimizer_state: bool = False
@@ -73,6 +78,10 @@ class ClientModule(L.LightningModule):
     #: whether the method trains the model's backbone apart from its head (a model without backbone parameters,
     #: such as logistic regression, is then a configuration error)
     needs_backbone: bool = False
+    #: `functional_step` is this class's local step (its training_step and hooks, as a pure function of the
+    #: parameters), so `trainer.parallel_clients` may train K clients at once (fl/core/parallel.py). Set it in the
+    #: class itself: a subclass that changes the loss does not inherit it.
+    functional: bool = False
 
     def __init__(self, cfg: DictConfig, data: FederatedData):
         super().__init__()
@@ -228,6 +237,14 @@ class ClientModule(L.LightningModule):
         """Return the loss, or a dict with 'loss' and other scalars to log as client/<i>/<name>."""
         x, y = batch
         return F.cross_entropy(self(x), y)
+
+    def functional_step(self, forward: Callable[[Tensor], Tensor], params: dict[str, Tensor],
+                        start: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor) -> dict[str, Tensor]:
+        """One client's step as a pure function, vmapped over K clients: `forward` is the model with `params` (the
+        trainable tensors by state_dict name; `start`: their values when local training began), `mask` weighs the
+        batch's rows (0 for padding). Returns 'loss' and other scalars to log. Default: `training_step`'s
+        cross-entropy."""
+        return {"loss": masked_mean(F.cross_entropy(forward(x), y, reduction="none"), mask)}
 
     def log(self, name: str, value, *args, **kwargs) -> None:
         """`self.log(name, value)` inside `training_step`: logged like the step's returned scalars, as the

@@ -12,9 +12,12 @@ import math
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
+import torch
 from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
@@ -32,6 +35,7 @@ from fl.core.exchange import (
 )
 from fl.core.federated_data import FederatedData
 from fl.core.optim import build_optimizer, is_finetune_round
+from fl.core.parallel import ParallelClients, why_sequential
 from fl.core.registry import EVALUATORS, METHODS
 from fl.core.seeding import derive_seed, seed_torch
 from fl.core.server import Server
@@ -111,6 +115,7 @@ class Orchestrator:
         self._last_broadcast_bytes = 0
         self._memory_checked = False
         self.module, self.data = make_client_module(cfg, fabric, data)
+        self.parallel = self._parallel_clients()
         server.setup(self.module, self.data)
         self.ckpt_path = run_dir / "checkpoints" / "last.ckpt"
 
@@ -149,6 +154,18 @@ class Orchestrator:
         if self._stop_requested:  # a second Ctrl-C stops at once
             raise KeyboardInterrupt
         self._stop_requested = True
+
+    def _parallel_clients(self) -> Optional[ParallelClients]:
+        """`trainer.parallel_clients` > 1: the vmapped trainer, or None (and a notice) where it cannot be used."""
+        k = self.cfg.trainer.parallel_clients
+        if k == 1:
+            return None
+        reason = why_sequential(self.module, self.cfg)
+        if reason is None:
+            return ParallelClients(self.module, self.cfg)
+        if self.fabric.is_global_zero:
+            print(f"notice: trainer.parallel_clients={k}: {reason}; training one client at a time", file=sys.stderr)
+        return None
 
     def warn_if_states_outgrow_memory(self) -> None:
         """Once the first states are stored in memory: say so when all of this node's would not fit its memory (the
@@ -192,10 +209,9 @@ class Orchestrator:
         acc = WeightedSum()
         results = []
         mine = [cid for cid in selected if self.owns(cid)]
-        for i, cid in enumerate(mine):
+        for i, (cid, (upload, result)) in enumerate(zip(mine, self.local_work(rnd, mine))):
             if i + 1 < len(mine):  # read the next client's state while this one trains
                 self.store.prefetch(mine[i + 1])
-            upload, result = self.train_client(rnd, cid)
             self.store.stage(cid, result.state, rnd)  # stays on this process; the store sees it at commit
             result.state = {}
             result.bytes_up = payload_bytes(upload.params) + payload_bytes(upload.message)
@@ -264,6 +280,24 @@ class Orchestrator:
         m.load_client_state(self.store.get(cid) if cid >= 0 else None)
         return m
 
+    def local_work(self, rnd: int, cids: list[int]) -> Iterator[tuple[Upload, LocalResult]]:
+        """Each client's local work, in order: one client at a time, or `trainer.parallel_clients` at once."""
+        if self.parallel is None or self.module.finetuning:
+            for cid in cids:
+                yield self.train_client(rnd, cid)
+            return
+        k = self.cfg.trainer.parallel_clients
+        for group in (cids[i:i + k] for i in range(0, len(cids), k)):
+            trained = self.parallel.train(rnd, group, lambda cid: self.load_client(rnd, cid))
+            for cid, (params, logs) in zip(group, trained):
+                m = self.load_client(rnd, cid)
+                with torch.no_grad():
+                    for name, p in m.named_parameters():
+                        if name in params:
+                            p.copy_(params[name])
+                m.num_train = len(m.train_split(self.data, cid))
+                yield self.finish_client(self.context(rnd), cid, logs)
+
     def train_client(self, rnd: int, cid: int) -> tuple[Upload, LocalResult]:
         """Client cid's local work in round rnd: its upload and what it leaves behind (state, logs)."""
         ctx = self.context(rnd)
@@ -278,6 +312,12 @@ class Orchestrator:
                 group["lr"] = m.lr
         t = self.cfg.trainer
         logs = m.fit_local(optimizer, epochs=t.local_epochs, steps=t.local_steps)
+        return self.finish_client(ctx, cid, logs, optimizer)
+
+    def finish_client(self, ctx: EvalContext, cid: int, logs: dict[str, float],
+                      optimizer=None) -> tuple[Upload, LocalResult]:
+        """After client cid's local training (its model in the module): its upload and what it leaves behind."""
+        m = self.module
         upload = m.upload()
         for evaluator in self.evaluators:  # evaluators that score the local models
             evaluator.on_local_model(ctx, cid)

@@ -12,6 +12,7 @@ class FedPerConfig(MethodConfig):
 
 class FedPerClient(ClientModule):
     has_global_model = False  # the shared backbone has no head of its own
+    functional = True  # cross-entropy: the default functional_step
 
     def is_private(self, key: str) -> bool:
         return key.startswith(HEAD)

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, register_method
+from fl.core.client import masked_mean
 
 
 @dataclass
@@ -16,6 +17,8 @@ class FedProxConfig(MethodConfig):
 
 
 class FedProxClient(ClientModule):
+    functional = True
+
     def on_local_train_start(self) -> None:
         # the global model received this round; the anchor of the proximal term
         self.anchor = [p.detach().clone() for p in self.parameters()]
@@ -26,6 +29,13 @@ class FedProxClient(ClientModule):
         if self.hp.mu == 0:  # plain FedAvg step; skips a pass over the parameters
             return ce
         prox = sum(torch.sum((p - a) ** 2) for p, a in zip(self.parameters(), self.anchor))
+        return {"loss": ce + 0.5 * self.hp.mu * prox, "ce": ce.detach(), "prox": prox.detach()}
+
+    def functional_step(self, forward, params, start, x, y, mask):
+        ce = masked_mean(F.cross_entropy(forward(x), y, reduction="none"), mask)
+        if self.hp.mu == 0:
+            return {"loss": ce}
+        prox = sum(torch.sum((params[k] - start[k]) ** 2) for k in params)  # anchor: the received global model
         return {"loss": ce + 0.5 * self.hp.mu * prox, "ce": ce.detach(), "prox": prox.detach()}
 
 

@@ -19,6 +19,7 @@ class LGFedAvgConfig(MethodConfig):
 
 class LGFedAvgClient(ClientModule):
     has_global_model = False  # the global head has no body of its own
+    functional = True  # cross-entropy: the default functional_step
 
     def is_private(self, key: str) -> bool:
         return not key.startswith(HEAD)  # the local representation layers

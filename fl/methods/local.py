@@ -12,6 +12,7 @@ class LocalConfig(MethodConfig):
 
 class LocalClient(ClientModule):
     has_global_model = False
+    functional = True  # cross-entropy: the default functional_step
 
     def is_private(self, key: str) -> bool:
         return True  # the whole model stays on the client

@@ -1,0 +1,116 @@
+"""trainer.parallel_clients=K (fl/core/parallel.py): K clients trained at once, vmapped, give the sequential loop's
+global model, client states and metrics within float32 reduction order, with unequal client sizes and step counts
+(masked), SGD with momentum and weight decay, Adam, AdamW and partial participation; other methods fall back to the
+sequential loop with a one-line notice."""
+import pytest
+import torch
+
+import fl.core.parallel as parallel
+from tests.helpers import (
+    assert_same_rows,
+    client_states,
+    global_params,
+    one_and_two_processes,
+    read_metrics,
+    run_tiny,
+)
+
+OPTIMIZERS = {
+    "sgd": (),
+    "momentum": ("optim.momentum=0.9", "optim.weight_decay=0.001"),
+    "adam": ("optim.name=adam", "optim.lr=0.003", "optim.weight_decay=0.0001"),
+    "adamw": ("optim.name=adamw", "optim.lr=0.003", "optim.weight_decay=0.01"),
+}
+# unequal client sizes (Dirichlet), 2 epochs of batch 16 without drop_last: unequal step counts and short last batches
+UNEQUAL = ("data.num_clients=7", "trainer.participation=0.9", "trainer.local_epochs=2", "trainer.rounds=2")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def vmapped_groups(monkeypatch):
+    """The sizes of the client groups the vmapped trainer trained (so a test knows it ran)."""
+    sizes, train = [], parallel.ParallelClients.train
+
+    def counted(self, rnd, cids, load):
+        sizes.append(len(cids))
+        return train(self, rnd, cids, load)
+
+    monkeypatch.setattr(parallel.ParallelClients, "train", counted)
+    return sizes
+
+
+def assert_same_run(a, b) -> None:
+    assert_same_rows(read_metrics(a), read_metrics(b), abs=1e-5)
+    ga, gb = global_params(a), global_params(b)
+    for name, value in ga.items():
+        torch.testing.assert_close(gb[name], value, rtol=0, atol=1e-5)
+    sa, sb = client_states(a), client_states(b)
+    assert sa.keys() == sb.keys()
+    for cid in sa:
+        for name, value in sa[cid]["private"].items():
+            torch.testing.assert_close(sb[cid]["private"][name], value, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("optim", OPTIMIZERS)
+def test_fedavg_k_clients_at_once_equals_the_sequential_loop(out, vmapped_groups, optim):
+    sequential = run_tiny(out, *UNEQUAL, *OPTIMIZERS[optim], name="sequential")
+    assert vmapped_groups == []
+    for k in (4, 20):
+        vmapped = run_tiny(out, *UNEQUAL, *OPTIMIZERS[optim], f"trainer.parallel_clients={k}", name=f"k{k}")
+        assert_same_run(sequential, vmapped)
+    assert set(vmapped_groups) == {4, 2, 6}  # 6 clients a round: 4 + 2 with K = 4, all 6 at once with K = 20
+
+
+def test_the_compiled_vmapped_step_equals_the_sequential_loop(out, vmapped_groups):
+    # one shape to compile: 5 clients of 80 samples (IID), 4 a round, 5 full batches each
+    equal = ("data.num_clients=5", "data.partition.name=iid", "trainer.participation=0.8", "trainer.rounds=2",
+             *OPTIMIZERS["momentum"])
+    sequential = run_tiny(out, *equal, name="sequential")
+    compiled = run_tiny(out, *equal, "trainer.parallel_clients=4", "trainer.compile=true", name="compiled")
+    assert vmapped_groups == [4, 4]
+    assert_same_run(sequential, compiled)
+
+
+@pytest.mark.parametrize("method", ["fedprox", "local", "fedper", "lg_fedavg", "fedpals"])
+def test_opted_in_methods_k_clients_at_once_equal_the_sequential_loop(out, vmapped_groups, method):
+    extra = (f"method.name={method}", *UNEQUAL, *OPTIMIZERS["momentum"])
+    if method == "fedprox":
+        extra += ("method.mu=0.1",)
+    if method == "fedpals":  # its clients are FedProx's; the server's QP weighs them toward a target
+        extra += ("data.target.distribution=partition",)
+    sequential = run_tiny(out, *extra, name="sequential")
+    vmapped = run_tiny(out, *extra, "trainer.parallel_clients=4", name="k4")
+    assert vmapped_groups
+    assert_same_run(sequential, vmapped)
+
+
+def test_a_method_without_a_functional_step_runs_one_client_at_a_time_with_a_notice(out, vmapped_groups, capsys):
+    sequential = run_tiny(out, "method.name=ditto", name="sequential")
+    capsys.readouterr()
+    fallback = run_tiny(out, "method.name=ditto", "trainer.parallel_clients=4", name="k4")
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("notice:")]
+    assert notices == ["notice: trainer.parallel_clients=4: method 'ditto' does not declare its local step functional "
+                       "(DittoClient.functional); training one client at a time"]
+    assert vmapped_groups == []
+    assert_same_run(sequential, fallback)
+
+
+def test_a_subclass_does_not_inherit_the_opt_in(out):
+    from fl.methods.fedavg import FedAvgClient
+
+    class Changed(FedAvgClient):
+        def training_step(self, batch, batch_idx):
+            return super().training_step(batch, batch_idx) * 2
+
+    cfg = type("C", (), {"method": type("M", (), {"name": "changed"})})
+    assert "Changed.functional" in parallel.why_sequential(Changed.__new__(Changed), cfg)
+
+
+@pytest.mark.slow
+def test_two_processes_each_batching_their_own_clients_equal_one(out):
+    one, two = one_and_two_processes(out, *UNEQUAL, "method.name=fedper", "trainer.parallel_clients=4")
+    assert_same_run(one, two)
