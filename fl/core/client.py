@@ -238,13 +238,23 @@ class ClientModule(L.LightningModule):
         x, y = batch
         return F.cross_entropy(self(x), y)
 
-    def functional_step(self, forward: Callable[[Tensor], Tensor], params: dict[str, Tensor],
-                        start: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    def functional_step(self, forward: Callable[[Tensor], Tensor], params: dict[str, Tensor], inputs: dict[str, Any],
+                        x: Tensor, y: Tensor, mask: Tensor) -> dict[str, Tensor]:
         """One client's step as a pure function, vmapped over K clients: `forward` is the model with `params` (the
-        trainable tensors by state_dict name; `start`: their values when local training began), `mask` weighs the
-        batch's rows (0 for padding). Returns 'loss' and other scalars to log. Default: `training_step`'s
-        cross-entropy."""
+        trainable tensors by state_dict name), `inputs` what `functional_inputs` returned for this client, `mask`
+        weighs the batch's rows (0 for padding). Returns 'loss' and other scalars to log, and 'objective' when the
+        gradient is taken of something else than the logged loss. Default: `training_step`'s cross-entropy."""
         return {"loss": masked_mean(F.cross_entropy(forward(x), y, reduction="none"), mask)}
+
+    def functional_inputs(self) -> dict[str, Any]:
+        """The client's own tensors `functional_step` needs besides its parameters (e.g. FedProx's anchor), taken
+        after `on_local_train_start`."""
+        return {}
+
+    def functional_train_end(self, steps: int) -> None:
+        """After vmapped local training of `steps` optimizer steps, with the trained parameters loaded; by default
+        `on_local_train_end`."""
+        self.on_local_train_end()
 
     def log(self, name: str, value, *args, **kwargs) -> None:
         """`self.log(name, value)` inside `training_step`: logged like the step's returned scalars, as the

@@ -289,13 +289,15 @@ class Orchestrator:
         k = self.cfg.trainer.parallel_clients
         for group in (cids[i:i + k] for i in range(0, len(cids), k)):
             trained = self.parallel.train(rnd, group, lambda cid: self.load_client(rnd, cid))
-            for cid, (params, logs) in zip(group, trained):
+            for cid, (params, logs, steps) in zip(group, trained):
                 m = self.load_client(rnd, cid)
+                m.num_train = len(m.train_split(self.data, cid))
+                m.on_local_train_start()  # what it records of the received model (SCAFFOLD's x), as before training
                 with torch.no_grad():
                     for name, p in m.named_parameters():
                         if name in params:
                             p.copy_(params[name])
-                m.num_train = len(m.train_split(self.data, cid))
+                m.functional_train_end(steps)
                 yield self.finish_client(self.context(rnd), cid, logs)
 
     def train_client(self, rnd: int, cid: int) -> tuple[Upload, LocalResult]:

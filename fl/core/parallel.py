@@ -8,7 +8,9 @@ its loss. The optimizers (SGD with momentum and weight decay, Adam, AdamW) are w
 update rules, per client, so K clients at once equal K clients one after another up to float reduction order.
 
 A method opts in by setting `functional = True` in its ClientModule class (not inherited: a subclass that changes
-the loss opts in itself) and, when its loss is not cross-entropy, writing `functional_step`.
+the loss opts in itself) and, when its loss is not cross-entropy, writing `functional_step` (and `functional_inputs`
+for the per-client tensors it reads). `on_local_train_start` runs before and `functional_train_end(steps)` after
+the vmapped training; epoch-end hooks are not called.
 """
 from __future__ import annotations
 
@@ -31,8 +33,10 @@ def why_sequential(module: ClientModule, cfg) -> Optional[str]:
     cls = type(module)
     if not vars(cls).get("functional", False):
         return f"method '{cfg.method.name}' does not declare its local step functional ({cls.__name__}.functional)"
-    if cls.configure_optimizers is not ClientModule.configure_optimizers or not module.automatic_optimization:
-        return f"{cls.__name__} makes or steps its own optimizer"
+    if cls.configure_optimizers is not ClientModule.configure_optimizers:
+        return f"{cls.__name__} makes its own optimizer"
+    if cls.on_local_epoch_end is not ClientModule.on_local_epoch_end:
+        return f"{cls.__name__} acts at the end of each local epoch"
     layer = next((m for m in module.model.modules() if isinstance(m, STATEFUL_IN_TRAINING)), None)
     if layer is not None:
         return f"the model has {type(layer).__name__}, whose training-mode state or randomness is per batch"
@@ -52,9 +56,9 @@ class ParallelClients:
         self.m, self.cfg = module, cfg
         self.names = [n for n, p in module.named_parameters() if p.requires_grad]
 
-        def loss(p, b, p0, x, y, w):
-            out = module.functional_step(lambda inputs: functional_call(module, {**p, **b}, (inputs,)), p, p0, x, y, w)
-            return out["loss"], out
+        def loss(p, b, inputs, x, y, w):
+            out = module.functional_step(lambda xb: functional_call(module, {**p, **b}, (xb,)), p, inputs, x, y, w)
+            return out.pop("objective", out["loss"]), out
 
         # one client's gradient, vmapped over the leading client axis of every argument
         self.step_grad = vmap(grad(loss, has_aux=True))
@@ -93,33 +97,39 @@ class ParallelClients:
         return x, y, w, (w.sum(1) > 0)
 
     # ---- training ----------------------------------------------------------------------------------------------
-    def train(self, rnd: int, cids: list[int], load) -> list[tuple[dict[str, Tensor], dict[str, float]]]:
+    def train(self, rnd: int, cids: list[int], load) -> list[tuple[dict[str, Tensor], dict[str, float], int]]:
         """Local training of clients `cids` (`load(cid)` swaps a client into the module); returns, per client, its
-        trained parameters and the means of its logged scalars over its steps."""
+        trained parameters, the means of its logged scalars over its steps, and its number of steps."""
         m = self.m
-        starts, buffers, schedules = [], [], []
+        starts, buffers, inputs, schedules = [], [], [], []
         for cid in cids:
             load(cid)
+            m.on_local_train_start()
             starts.append({n: p.detach().clone() for n, p in m.named_parameters() if n in self.names})
             buffers.append({n: b.detach().clone() for n, b in m.named_buffers()})
+            inputs.append(m.functional_inputs())
             schedules.append(self._schedule(rnd, cid))
-        start = {n: torch.stack([s[n] for s in starts]) for n in self.names}
-        bufs = {n: torch.stack([b[n] for b in buffers]) for n in buffers[0]}
-        params = {n: v.clone() for n, v in start.items()}
+        params, bufs, inputs = stack(starts), stack(buffers), stack(inputs)
         opt = Optimizer(self.cfg, m.lr, params)
         m.train()
         sums: dict[str, Tensor] = {}
-        n_steps = max((len(s[1]) for s in schedules), default=0)
-        for s in range(n_steps):
+        steps = [len(s[1]) for s in schedules]
+        for s in range(max(steps, default=0)):
             x, y, w, active = self._batch(s, schedules)
-            grads, out = self.step_grad(params, bufs, start, x, y, w)
+            grads, out = self.step_grad(params, bufs, inputs, x, y, w)
             params = opt.step(params, grads, active)
             for k, v in out.items():
                 v = torch.where(active, v.detach(), torch.zeros_like(v))
                 sums[k] = sums[k] + v if k in sums else v
-        counts = [max(len(s[1]), 1) for s in schedules]
-        return [({n: params[n][k] for n in self.names}, {key: float(v[k]) / counts[k] for key, v in sums.items()})
-                for k in range(len(cids))]
+        return [({n: params[n][k] for n in self.names},
+                 {key: float(v[k]) / max(steps[k], 1) for key, v in sums.items()}, steps[k]) for k in range(len(cids))]
+
+
+def stack(trees: list) -> object:
+    """The clients' nested dicts of tensors as one, each tensor stacked on a new leading client axis."""
+    if torch.is_tensor(trees[0]):
+        return torch.stack(trees)
+    return {key: stack([tree[key] for tree in trees]) for key in trees[0]}
 
 
 class Optimizer:

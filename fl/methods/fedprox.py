@@ -31,11 +31,14 @@ class FedProxClient(ClientModule):
         prox = sum(torch.sum((p - a) ** 2) for p, a in zip(self.parameters(), self.anchor))
         return {"loss": ce + 0.5 * self.hp.mu * prox, "ce": ce.detach(), "prox": prox.detach()}
 
-    def functional_step(self, forward, params, start, x, y, mask):
+    def functional_inputs(self):
+        return {"anchor": {k: a for (k, _), a in zip(self.named_parameters(), self.anchor)}}
+
+    def functional_step(self, forward, params, inputs, x, y, mask):
         ce = masked_mean(F.cross_entropy(forward(x), y, reduction="none"), mask)
         if self.hp.mu == 0:
             return {"loss": ce}
-        prox = sum(torch.sum((params[k] - start[k]) ** 2) for k in params)  # anchor: the received global model
+        prox = sum(torch.sum((params[k] - a) ** 2) for k, a in inputs["anchor"].items())
         return {"loss": ce + 0.5 * self.hp.mu * prox, "ce": ce.detach(), "prox": prox.detach()}
 
 

@@ -34,10 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, Upload, register_method
+from fl.core.client import masked_mean
 
 
 @dataclass
@@ -58,6 +60,7 @@ def controlled_keys(module: ClientModule) -> list[str]:
 
 class ScaffoldClient(ClientModule):
     persistent = ("c_i",)  # this client's control variate; empty (= 0) until its first round
+    functional = True  # trainer.parallel_clients: the corrected step as the gradient of an objective
 
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
@@ -110,6 +113,19 @@ class ScaffoldClient(ClientModule):
         if scaler is None or float(scaler.get_scale()) >= scale:
             self._steps += 1
         return {"loss": loss.detach()}
+
+    def functional_inputs(self):
+        return {"correction": self._correction}
+
+    def functional_step(self, forward, params, inputs, x, y, mask):
+        # the gradient of ce + <c - c_i, y> is g_i(y) + c - c_i: Algorithm 1's corrected step
+        ce = masked_mean(F.cross_entropy(forward(x), y, reduction="none"), mask)
+        drift = sum(torch.sum(c * params[k]) for k, c in inputs["correction"].items())
+        return {"loss": ce, "objective": ce + drift}
+
+    def functional_train_end(self, steps: int) -> None:
+        self._steps = steps  # K of option II: the vmapped loop took them all (no loss scaler there)
+        self.on_local_train_end()
 
     def _grad_scaler(self):
         """The fp16 loss scaler of `fabric.precision=16-mixed`, or None (no scaling)."""
