@@ -4,6 +4,9 @@ PFLlib-style loop (a DataLoader and a copy of the model per client per round), o
     python bench/client_throughput.py [--device cpu|cuda] [--threads N] [--clients 64] [--samples 100]
                                       [--batch 50] [--ks 4 16 64] [--rounds 3] [--compile]
 
+--compile adds, for each K, the same loop with the vmapped step compiled (`trainer.compile=true`), in the same process
+so that the two are timed side by side.
+
 The work: FedAvg's local training of every client for one epoch over its `--samples` samples in batches of
 `--batch` (pFedFDA's setting: batch 50), SGD with momentum 0.9, for the quickstart CNN (16 px, 1 channel) and
 pFedFDA's CIFAR CNN (`cifarnet`, 32 px, 3 channels), on the embedded data split IID. A round is timed from the
@@ -38,18 +41,19 @@ MODELS = {
 }
 
 
-def config(a, model: list[str], k: int):
+def config(a, model: list[str], k: int, compiled: bool = False):
     per_class = a.clients * a.samples // 10
     return load_config([
         "method.name=fedavg", "data.name=embedded", f"data.num_clients={a.clients}", "data.partition.name=iid",
         f"data.embedded.samples_per_class={per_class}", "data.val_fraction=0", *model,
         "optim.name=sgd", "optim.lr=0.01", "optim.momentum=0.9", f"trainer.batch_size={a.batch}",
         "trainer.local_epochs=1", f"trainer.parallel_clients={k}", f"fabric.accelerator={a.device}",
-        f"trainer.compile={str(a.compile).lower()}", "trainer.evaluators=[]", f"data.root={a.data_root}",
+        f"trainer.compile={str(compiled).lower()}", "trainer.evaluators=[]", f"data.root={a.data_root}",
         "logger.wandb.mode=disabled"])
 
 
 def orchestrator(cfg, run_dir: Path) -> Orchestrator:
+    torch.compiler.reset()  # compiled code of the previous model or K: its guards would use up the recompile limit
     data = build_data(cfg)
     server = METHODS[cfg.method.name].server_cls(cfg)
     return Orchestrator(cfg, make_fabric(cfg, [server], []), data, server, run_dir)
@@ -109,7 +113,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=50)
     p.add_argument("--ks", type=int, nargs="+", default=[4, 16, 64])
     p.add_argument("--rounds", type=int, default=3, help="timed rounds (after one warm-up round)")
-    p.add_argument("--compile", action="store_true", help="trainer.compile=true: torch.compile the vmapped step")
+    p.add_argument("--compile", action="store_true", help="also each K with trainer.compile=true (torch.compile)")
     p.add_argument("--data-root", default=str(Path(tempfile.gettempdir()) / "fl_bench_data"))
     a = p.parse_args()
     if a.threads:
@@ -124,8 +128,9 @@ def main() -> int:
             seq_orch = orchestrator(config(a, model, 1), Path(tmp) / "seq")
             rows.append(("sequential (fl)", framework_rounds(seq_orch, a)))
             for k in a.ks:
-                rows.append((f"K = {k} vmapped", framework_rounds(orchestrator(config(a, model, k),
-                                                                               Path(tmp) / f"k{k}"), a)))
+                for compiled in (False, True) if a.compile else (False,):
+                    orch = orchestrator(config(a, model, k, compiled), Path(tmp) / f"k{k}{compiled}")
+                    rows.append((f"K = {k} vmapped{' + compile' if compiled else ''}", framework_rounds(orch, a)))
             rows.append(("PFLlib-style", pfllib_rounds(seq_orch, a)))
             base = a.clients / statistics.median(rows[0][1])
             for name, times in rows:
