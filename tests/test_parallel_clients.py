@@ -72,9 +72,11 @@ def test_the_compiled_vmapped_step_equals_the_sequential_loop(out, vmapped_group
     assert_same_run(sequential, compiled)
 
 
-@pytest.mark.parametrize("method", ["fedprox", "local", "fedper", "lg_fedavg", "fedpals", "scaffold"])
-def test_opted_in_methods_k_clients_at_once_equal_the_sequential_loop(out, vmapped_groups, method):
-    extra = (f"method.name={method}", *UNEQUAL, *OPTIMIZERS["momentum"])
+@pytest.mark.parametrize("method, optim", [(m, "momentum") for m in ("fedprox", "local", "fedper", "fedrep",
+                                                                      "lg_fedavg", "fedpals", "scaffold")]
+                         + [("fedrep", "adam")])  # Adam counts each part's own steps, as torch.optim does
+def test_opted_in_methods_k_clients_at_once_equal_the_sequential_loop(out, vmapped_groups, method, optim):
+    extra = (f"method.name={method}", *UNEQUAL, *OPTIMIZERS[optim])
     if method == "fedprox":
         extra += ("method.mu=0.1",)
     if method == "fedpals":  # its clients are FedProx's; the server's QP weighs them toward a target

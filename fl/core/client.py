@@ -251,6 +251,11 @@ class ClientModule(L.LightningModule):
         after `on_local_train_start`."""
         return {}
 
+    def trains(self, name: str, step: int) -> bool:
+        """Whether parameter `name` takes an optimizer step at local step `step` of the vmapped loop (where the
+        sequential loop leaves its gradient None, e.g. FedRep's frozen part)."""
+        return True
+
     def functional_train_end(self, steps: int) -> None:
         """After vmapped local training of `steps` optimizer steps, with the trained parameters loaded; by default
         `on_local_train_end`."""

@@ -117,7 +117,7 @@ class ParallelClients:
         for s in range(max(steps, default=0)):
             x, y, w, active = self._batch(s, schedules)
             grads, out = self.step_grad(params, bufs, inputs, x, y, w)
-            params = opt.step(params, grads, active)
+            params = opt.step(params, grads, active, {n for n in self.names if m.trains(n, s)})
             for k, v in out.items():
                 v = torch.where(active, v.detach(), torch.zeros_like(v))
                 sums[k] = sums[k] + v if k in sums else v
@@ -140,14 +140,16 @@ class Optimizer:
         self.kind = cfg.optim.name
         self.hp = build_optimizer(cfg, [nn.Parameter(torch.zeros(1))], lr).param_groups[0]
         self.state = {n: [torch.zeros_like(v), torch.zeros_like(v)] for n, v in params.items()}
-        self.t = torch.zeros(next(iter(params.values())).shape[0], dtype=torch.float64) if params else None
+        # Adam's step count per parameter and client (torch.optim counts a parameter's own steps)
+        self.t = {n: torch.zeros(v.shape[0], dtype=torch.float64) for n, v in params.items()}
 
-    def step(self, params: dict[str, Tensor], grads: dict[str, Tensor], active: Tensor) -> dict[str, Tensor]:
-        hp, new = self.hp, {}
-        if self.kind != "sgd":
-            self.t = self.t + active.to(self.t.device, torch.float64)
-        for n, p in params.items():
-            g, (a, b) = grads[n], self.state[n]
+    def step(self, params: dict[str, Tensor], grads: dict[str, Tensor], active: Tensor,
+             stepping: set[str]) -> dict[str, Tensor]:
+        """One step of the parameters in `stepping` (the others are left as torch.optim leaves a parameter
+        without a gradient: not moved, state untouched)."""
+        hp, new = self.hp, dict(params)
+        for n in stepping:
+            p, g, (a, b) = params[n], grads[n], self.state[n]
             on = active.view(-1, *[1] * (p.dim() - 1))
             if self.kind == "sgd":
                 if hp["weight_decay"]:
@@ -162,9 +164,10 @@ class Optimizer:
                     p = p * (1 - hp["lr"] * hp["weight_decay"])
                 elif hp["weight_decay"]:
                     g = g + hp["weight_decay"] * p
+                self.t[n] = self.t[n] + active.to(self.t[n].device, torch.float64)
                 a_new = torch.lerp(a, g, 1 - beta1)
                 b_new = b * beta2 + (1 - beta2) * g * g
-                t = self.t.clamp(min=1)
+                t = self.t[n].clamp(min=1)
                 step_size = (hp["lr"] / (1 - beta1 ** t)).to(p).view_as(on)
                 root_bc2 = torch.sqrt(1 - beta2 ** t).to(p).view_as(on)
                 p_new = p - step_size * a_new / (b_new.sqrt() / root_bc2 + hp["eps"])

@@ -27,6 +27,7 @@ class FedRepConfig(MethodConfig):
 
 class FedRepClient(ClientModule):
     has_global_model = False  # the averaged representation has no head of its own
+    functional = True  # trainer.parallel_clients: cross-entropy, with `trains` freezing one part per step
 
     def is_private(self, key: str) -> bool:
         return key.startswith(HEAD)
@@ -41,6 +42,9 @@ class FedRepClient(ClientModule):
         else:  # representation update: the head is a constant, so its parameters get no gradient
             logits = F.linear(self.model.backbone(x), head.weight.detach(), head.bias.detach())
         return F.cross_entropy(logits, y)
+
+    def trains(self, name: str, step: int) -> bool:  # the head first, then the representation (Algorithm 1)
+        return name.startswith(HEAD) == (step < self.hp.head_steps)
 
 
 def resolve(cfg) -> None:
