@@ -82,9 +82,9 @@ def test_opted_in_methods_k_clients_at_once_equal_the_sequential_loop(out, vmapp
     if method == "fedpals":  # its clients are FedProx's; the server's QP weighs them toward a target
         extra += ("data.target.distribution=partition",)
     sequential = run_tiny(out, *extra, name="sequential")
-    vmapped = run_tiny(out, *extra, "trainer.parallel_clients=4", name="k4")
-    assert vmapped_groups
-    assert_same_run(sequential, vmapped)
+    for k in (4, 20):
+        assert_same_run(sequential, run_tiny(out, *extra, f"trainer.parallel_clients={k}", name=f"k{k}"))
+    assert set(vmapped_groups) == {4, 2, 6}
 
 
 def test_a_method_without_a_functional_step_runs_one_client_at_a_time_with_a_notice(out, vmapped_groups, capsys):
