@@ -43,7 +43,9 @@ SCENARIOS = {
 
 
 # ---- the child: one fl.train run, measured from inside ------------------------------------------------------------
-def child(argv: list[str], report: Path) -> int:
+def instrument(report: Path) -> dict:
+    """Count what crosses processes and time every checkpoint in this process; at exit, write the counts and the
+    process's peak RSS to <report>.rank<r> (JSON). Returns the dict, for a caller to add its own figures."""
     import fl.core.evaluation as evaluation
     import fl.core.exchange as exchange
     import fl.core.loop as loop
@@ -83,10 +85,18 @@ def child(argv: list[str], report: Path) -> int:
 
     def write_report():
         stats["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            stats["peak_device_bytes"] = torch.cuda.max_memory_allocated()
         with open(report.with_name(f"{report.name}.rank{rank}"), "w") as f:
             json.dump(stats, f)
 
     atexit.register(write_report)
+    return stats
+
+
+def child(argv: list[str], report: Path) -> int:
+    instrument(report)
     from fl.run.train import main
     return main(argv)
 

@@ -1,0 +1,406 @@
+"""Paper-scale rehearsal: a paper config with its dataset replaced by random images of the real dataset's shapes and
+counts (no download), the real model, clients and partition, one round on this machine's device.
+
+    python bench/paper_scale.py conf=NAME [key=value ...] [--local-steps N] [--timeout S]
+    python bench/paper_scale.py --all [--local-steps N] [--timeout S]     (every paper config, one row each)
+
+Prints one Markdown row per config: seconds per round (training + evaluation), the projected wall time of the full
+run, peak host RSS and device memory, the client-state store (after the round, and projected to every client),
+checkpoint size and write time, and the bytes a round sends between server and clients. A config that cannot run at
+its paper scale (a pool larger than this machine's memory, a partition that cannot be built, a process killed for
+memory, a round longer than --timeout) is a row with the one-line reason, never a skipped line.
+
+Projection: T = R * t_train + E * t_eval + C * t_ckpt, with R = trainer.rounds, E the rounds that evaluate
+(trainer.eval_every and the last), C the rounds that checkpoint (trainer.checkpoint_every and the last), and the
+round measured here: round 0 with its evaluation forced, t_train = its time less its evaluation. With --local-steps N
+every local pass the override shortened is projected at its paper length (local_steps, or local_epochs x batches of
+the client's data) at the measured seconds per batch (the time the training loop spends on a batch); the rest of the
+round (server step, state swaps, uploads) is taken as measured. A config that refuses the override (a method that
+needs more local steps) runs its round at full length. Later rounds that cost more or less than round 0
+(fine-tuning rounds, FedMosaic's votes, pFedFDA's full last round) are projected at round 0's cost.
+
+Each config runs in a child process (this file with --child), measured by bench/state_store.py's `instrument`.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.state_store import du, instrument  # noqa: E402
+
+
+@dataclass(frozen=True)
+class RealData:
+    """A real dataset's size: images per domain in its train and test splits ({"": n} without domains)."""
+    shape: tuple[int, int, int]  # C, H, W as the loader returns them by default (data.image_size resizes H, W)
+    classes: int
+    train: dict[str, int]
+    test: dict[str, int]
+    source: str
+    cameras: Optional[tuple[int, int]] = None  # iWildCam: cameras in the train split, and other cameras in the test
+    estimate: bool = False  # counts not published: see `source`
+
+
+def _domains(names, train, test) -> tuple[dict[str, int], dict[str, int]]:
+    return dict(zip(names, train)), dict(zip(names, test))
+
+
+# DomainNet-10: FedBN's split pickles hold the images; their sizes are not published. Estimate: DomainNet's own
+# ~70/30 split and "about 100+ samples per client" at 5% of the smallest domain (med-air/FedBN issue #6).
+_DOMAINNET = _domains(("clipart", "infograph", "painting", "quickdraw", "real", "sketch"), [2600] * 6, [1100] * 6)
+# Office-Caltech10 (Gong et al. 2012): amazon 958, caltech 1123, dslr 157, webcam 295; our loader holds 20% out.
+_OFFICE = _domains(("amazon", "caltech", "dslr", "webcam"), [766, 898, 126, 236], [192, 225, 31, 59])
+# PACS (Li et al. 2017): art_painting 2048, cartoon 2344, photo 1670, sketch 3929; our loader holds 20% out.
+_PACS = _domains(("art_painting", "cartoon", "photo", "sketch"), [1638, 1875, 1336, 3143], [410, 469, 334, 786])
+
+REAL = {
+    "cifar10": RealData((3, 32, 32), 10, {"": 50_000}, {"": 10_000}, "Krizhevsky 2009: 50,000 / 10,000"),
+    "cifar100": RealData((3, 32, 32), 100, {"": 50_000}, {"": 10_000}, "Krizhevsky 2009: 50,000 / 10,000"),
+    "cifar20": RealData((3, 32, 32), 20, {"": 50_000}, {"": 10_000}, "CIFAR-100's images, 20 coarse labels"),
+    "tinyimagenet": RealData((3, 64, 64), 200, {"": 100_000}, {"": 10_000}, "TinyImageNet-200: 500 / class + val"),
+    "fmnist": RealData((1, 28, 28), 10, {"": 60_000}, {"": 10_000}, "Xiao et al. 2017: 60,000 / 10,000"),
+    "emnist": RealData((1, 28, 28), 62, {"": 697_932}, {"": 116_323}, "Cohen et al. 2017, byclass split"),
+    "domainnet": RealData((3, 256, 256), 10, *_DOMAINNET, "estimate, see _DOMAINNET", estimate=True),
+    "office_caltech10": RealData((3, 256, 256), 10, *_OFFICE, "Gong et al. 2012: 2,533 images, 4 domains"),
+    "pacs": RealData((3, 224, 224), 7, *_PACS, "Li et al. 2017: 9,991 images, 4 domains"),
+    "iwildcam": RealData((3, 224, 224), 182, {"": 129_809}, {"": 42_791},
+                         "WILDS v2.0: train 129,809 images / 243 cameras, OOD test 42,791 / 48", cameras=(243, 48)),
+}
+PAPER_CONFIGS_EXCLUDED = ("quickstart", "fedprox_embedded", "personalized_embedded", "hybrid_synthetic",
+                          "fedpals_synthetic")  # generated data: already runnable as they are
+
+
+def available_bytes() -> int:
+    """Memory the operating system can give this process now (MemAvailable)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def standin_pool(name: str, d):
+    """The Pool the real loader of `name` would return, with random uint8 pixels and balanced random labels of the
+    real counts and shapes (seeded, so every run rehearses the same partition)."""
+    import torch
+
+    from fl.config import ConfigError
+    from fl.core import Split
+    from fl.data.base import Pool
+
+    real = REAL[name]
+    c, h, w = real.shape
+    if d.image_size:
+        h = w = int(d.image_size)
+    n_train, n_test = sum(real.train.values()), sum(real.test.values())
+    need = (n_train + n_test) * c * h * w
+    if need > 0.9 * available_bytes():
+        raise ConfigError(f"data.name={name}: the pool alone is {need / 2**30:.1f} GiB of uint8 images "
+                          f"({n_train + n_test} x {c}x{h}x{w}), more than the {available_bytes() / 2**30:.1f} GiB "
+                          "this machine has free; the real loader holds the same in memory")
+    gen = torch.Generator().manual_seed(0)
+    domain_names = [k for k in real.train if k]
+
+    def split(counts: dict[str, int], camera_ids: Optional[range]) -> Split:
+        n = sum(counts.values())
+        x = torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8, generator=gen)
+        y = torch.randperm(n, generator=gen) % real.classes  # every class equally often
+        if camera_ids is not None:
+            domain = torch.tensor(camera_ids)[torch.randint(0, len(camera_ids), (n,), generator=gen)]
+        elif domain_names:
+            domain = torch.cat([torch.full((counts[k],), i) for i, k in enumerate(domain_names)])
+        else:
+            domain = None
+        return Split(x, y, domain)
+
+    cams = real.cameras
+    train = split(real.train, range(cams[0]) if cams else None)
+    test = split(real.test, range(cams[0], sum(cams)) if cams else None)
+    mean, std = _statistics(name)
+    pool = Pool(name, train, test, real.classes, [f"class{k}" for k in range(real.classes)],
+                [f"camera{i}" for i in range(sum(cams))] if cams else domain_names, mean, std)
+    if name == "cifar20":  # FedDRM partitions CIFAR-20 on 100 fine labels: 5 per coarse class
+        fine = [s.y * 5 + torch.randint(0, 5, s.y.shape, generator=gen) for s in (train, test)]
+        pool.fine_labels = (fine[0], fine[1])
+    return pool
+
+
+def _statistics(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The normalisation the real loader uses."""
+    from fl.data.sources import cifar, domains, iwildcam, mnist, tinyimagenet
+
+    modules = {"cifar10": cifar, "cifar100": cifar, "cifar20": cifar, "fmnist": mnist, "emnist": mnist,
+               "tinyimagenet": tinyimagenet, "iwildcam": iwildcam}
+    if name in modules:
+        return modules[name].MEAN, modules[name].STD
+    spec = {"domainnet": domains.DOMAINNET, "office_caltech10": domains.OFFICE_CALTECH10, "pacs": domains.PACS}[name]
+    return spec.mean, spec.std
+
+
+def paper_batches(n: int, batch_size: int, epochs: Optional[int], steps: Optional[int], drop_last: bool) -> int:
+    """The batches `fl.core.batches.batch_indices` yields for these arguments."""
+    if n == 0:
+        return 0
+    if steps is not None:
+        return steps
+    b = min(batch_size, n)
+    return epochs * (n // b if drop_last else math.ceil(n / b))
+
+
+# ---- the child: one config, one round, measured from inside -------------------------------------------------------
+def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
+    from functools import partial
+
+    import fl.core.client as client
+    import fl.core.loop as loop
+    from fl.config import ConfigError
+    from fl.config.load import load_config
+    from fl.core.registry import DATASETS
+    from fl.run.train import main
+
+    for name in REAL:
+        DATASETS[name] = partial(standin_pool, name)
+    stats = instrument(report)
+    stats.update(batches_run=0, batches_paper=0, batch_s=0.0, eval_s=0.0)
+    phase_file = report.with_name(report.name + ".phase")
+
+    def phase(text: str) -> None:
+        phase_file.write_text(text)
+
+    phase("loading the config and building the pool and partition")
+    paper = load_config(argv).trainer  # the config as the paper runs it, before --local-steps
+    if local_steps is not None:
+        try:
+            load_config(argv + [f"trainer.local_steps={local_steps}"])
+        except ConfigError as err:  # e.g. a method that needs more local steps: the round runs at full length
+            stats["full_length"] = f"--local-steps {local_steps} refused ({str(err).splitlines()[0]})"
+            local_steps = None
+    stats["paper"] = {"rounds": paper.rounds, "eval_every": paper.eval_every,
+                      "checkpoint_every": paper.checkpoint_every}
+    counted = client.batch_indices
+
+    def counting(n, batch_size, gen, *, epochs=None, steps=None, drop_last=False):
+        shortened = local_steps is not None and steps == local_steps
+        full = paper_batches(n, batch_size, paper.local_epochs, paper.local_steps, drop_last) if shortened else \
+            paper_batches(n, batch_size, epochs, steps, drop_last)
+        stats["batches_paper"] += full
+        for item in counted(n, batch_size, gen, epochs=epochs, steps=steps, drop_last=drop_last):
+            if item[1] is not None:
+                stats["batches_run"] += 1
+            start = time.perf_counter()
+            yield item  # the caller trains on the batch before it asks for the next one
+            stats["batch_s"] += time.perf_counter() - start
+
+    client.batch_indices = counting
+    evaluate = loop.Orchestrator.evaluate
+
+    def timed_evaluate(self, ctx):
+        phase(f"round 0 evaluation ({stats['batches_run']} training batches done)")
+        start = time.perf_counter()
+        out = evaluate(self, ctx)
+        stats["eval_s"] += time.perf_counter() - start
+        return out
+
+    def rehearse(self, progress=None):
+        """Round 0 of the run with its evaluation and a checkpoint, then stop."""
+        phase("round 0 training")
+        self.is_eval_round = lambda rnd: True
+        start = time.perf_counter()
+        metrics = self.run_round(0)
+        metrics["time/round_s"] = stats["round_s"] = time.perf_counter() - start
+        stats["clients"] = metrics.get("train/clients")
+        stats["bytes_up"], stats["bytes_down"] = metrics.get("comm/bytes_up"), metrics.get("comm/bytes_down")
+        self.history.append({"round": 0, **metrics})
+        self.fabric.log_dict(metrics, step=0)
+        phase("writing the checkpoint")
+        self.save(0)
+        stats["state_bytes"], stats["state_bytes_all"] = store_bytes(self.store, self.data.num_clients)
+        phase("done")
+        return self.history
+
+    loop.Orchestrator.evaluate = timed_evaluate
+    loop.Orchestrator.fit = rehearse
+    return main(argv + ([f"trainer.local_steps={local_steps}"] if local_steps is not None else []))
+
+
+def store_bytes(store, num_clients: int) -> tuple[int, int]:
+    """Bytes of the client states held after the round, and the same at that mean size for every client."""
+    from fl.core.state import ClientStateStore, state_bytes
+
+    if isinstance(store, ClientStateStore):
+        held = store.state_dict()
+        now = sum(state_bytes(s) for s in held.values())
+    else:  # the disk-backed store: one file per client
+        held = store.state_dict()
+        now = sum(store.path(cid, rnd).stat().st_size for cid, rnd in held.items())
+    return now, now * num_clients // len(held) if held else 0
+
+
+# ---- the parent: one child per config, with a timeout --------------------------------------------------------------
+@dataclass
+class Result:
+    conf: str
+    exit: Optional[int]
+    wall_s: float
+    why: str = ""
+    stats: dict = field(default_factory=dict)
+    rss_mb: Optional[float] = None
+    ckpt_bytes: int = 0
+    state_dir_bytes: int = 0
+
+
+def peak_rss_mb(pid: int) -> Optional[float]:
+    """VmHWM of a live process (its peak RSS so far), from /proc."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def rehearse(conf: str, overrides: list[str], out: Path, local_steps: Optional[int], timeout: float) -> Result:
+    label = conf
+    run = out / label
+    shutil.rmtree(run, ignore_errors=True)
+    report = out / f"{label}.json"
+    for old in out.glob(f"{label}.json.*"):
+        old.unlink()
+    argv = [f"conf={conf}", *overrides, "logger.wandb.mode=disabled", "logger.progress=false",
+            f"logger.output_dir={out}", f"logger.run_name={label}"]
+    cmd = [sys.executable, __file__, "--child", str(report), str(local_steps or 0), "--", *argv]
+    start = time.perf_counter()
+    with open(out / f"{label}.stderr", "w") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
+        polled, code = None, None
+        while code is None and time.perf_counter() - start < timeout:
+            polled = peak_rss_mb(proc.pid) or polled
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = proc.wait(timeout=0.5)
+        if code is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    wall = time.perf_counter() - start
+    phase = report.with_name(report.name + ".phase")
+    ranks = sorted(out.glob(f"{label}.json.rank*"))
+    stats = json.loads(ranks[0].read_text()) if ranks else {}
+    r = Result(conf, code, wall, stats=stats, rss_mb=stats.get("peak_rss_mb", polled),
+               ckpt_bytes=du(run / "checkpoints"), state_dir_bytes=du(run / "client_states"))
+    where = phase.read_text() if phase.exists() else "starting"
+    if code is None:
+        r.why = f"timeout: no round within {timeout:.0f} s (stopped during {where})"
+    elif code < 0 and -code == signal.SIGKILL:
+        r.why = f"killed by the operating system (out of memory?) during {where}"
+    elif code != 0:
+        lines = (out / f"{label}.stderr").read_text().strip().splitlines()
+        r.why = (lines[-1] if lines else f"exit {code}")[:300]
+    return r
+
+
+def projection(s: dict, local_steps: Optional[int]) -> Optional[float]:
+    """T = R * t_train + E * t_eval + C * t_ckpt (module docstring)."""
+    if "round_s" not in s:
+        return None
+    p = s["paper"]
+    rounds, every = p["rounds"], p["checkpoint_every"]
+    evals = sum(1 for r in range(rounds) if (r + 1) % p["eval_every"] == 0 or r == rounds - 1)
+    ckpts = sum(1 for r in range(rounds) if r == rounds - 1 or (every and (r + 1) % every == 0))
+    train = s["round_s"] - s["eval_s"]
+    if local_steps is not None and s["batches_run"]:  # only the batches scale; the server step does not
+        train += s["batch_s"] * (s["batches_paper"] / s["batches_run"] - 1)
+    ckpt = s["checkpoints"][0]["seconds"] if s.get("checkpoints") else 0.0
+    return rounds * train + evals * s["eval_s"] + ckpts * ckpt
+
+
+def duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h" if seconds < 72 * 3600 else f"{seconds / 86400:.1f} d"
+
+
+def mib(n: Optional[float]) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+HEADER = ("| config | clients trained | round: train + eval | projected full run | peak RSS | peak device memory "
+          "| client states: after round 0 / all clients | checkpoint: size, write time | bytes per round: up + down "
+          "| status |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def row(r: Result, local_steps: Optional[int]) -> str:
+    s = r.stats
+    if "round_s" not in s:
+        rss = f"≥ {r.rss_mb:.0f} MiB" if r.rss_mb else "?"
+        return f"| {r.conf} | | | | {rss} | | | | | **cannot run**: {r.why} |"
+    total = projection(s, local_steps)
+    device = mib(s["peak_device_bytes"]) if s.get("peak_device_bytes") else "— (CPU)"
+    ck = s["checkpoints"][0] if s.get("checkpoints") else None
+    ckpt = f"{mib(r.ckpt_bytes + r.state_dir_bytes)}, {ck['seconds']:.2f} s" if ck else "?"
+    shortened = f" ({s['batches_run']} of {s['batches_paper']} batches)" if local_steps else ""
+    if s.get("full_length"):
+        shortened = f" (all {s['batches_run']} batches: {s['full_length']})"
+    status = "ok" if r.exit == 0 else f"exit {r.exit}: {r.why}"
+    return (f"| {r.conf} | {s.get('clients', 0):.0f} | {s['round_s'] - s['eval_s']:.1f} + {s['eval_s']:.1f} s"
+            f"{shortened} | {duration(total)} ({s['paper']['rounds']} rounds) | {r.rss_mb:.0f} MiB | {device} "
+            f"| {mib(s['state_bytes'])} / {mib(s['state_bytes_all'])} | {ckpt} "
+            f"| {mib(s['bytes_up'])} + {mib(s['bytes_down'])} | {status} |")
+
+
+def paper_configs() -> list[str]:
+    from fl.config.load import available_confs
+    return [c for c in available_confs() if not c.endswith("_synthetic") and c not in PAPER_CONFIGS_EXCLUDED]
+
+
+def main() -> int:
+    if len(sys.argv) > 3 and sys.argv[1] == "--child":
+        steps = int(sys.argv[3]) or None
+        return child(sys.argv[5:], Path(sys.argv[2]), steps)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("args", nargs="*", help="conf=NAME and key=value overrides (given to every config with --all)")
+    p.add_argument("--all", action="store_true", help="every paper config (conf/*.yaml without a _synthetic twin)")
+    p.add_argument("--local-steps", type=int, default=None, help="run N local steps per client, project the rest")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one config may take")
+    p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "fl_paper_scale")
+    p.add_argument("--keep", action="store_true", help="keep each run's directory (checkpoints, states)")
+    a = p.parse_args()
+    confs = [x.split("=", 1)[1] for x in a.args if x.startswith("conf=")]
+    overrides = [x for x in a.args if not x.startswith("conf=")]
+    if a.all == bool(confs):
+        p.error("give conf=NAME or --all")
+    known = paper_configs()
+    bad = [c for c in confs if c not in known]
+    if bad:
+        p.error(f"conf={bad[0]} is not a paper config; choices: {', '.join(known)}")
+    a.out.mkdir(parents=True, exist_ok=True)
+    print(HEADER, flush=True)
+    for conf in known if a.all else confs:
+        r = rehearse(conf, overrides, a.out, a.local_steps, a.timeout)
+        print(row(r, a.local_steps), flush=True)
+        with open(a.out / "results.jsonl", "a") as f:
+            f.write(json.dumps({**r.__dict__, "local_steps": a.local_steps, "overrides": overrides}) + "\n")
+        if not a.keep:
+            shutil.rmtree(a.out / conf, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
