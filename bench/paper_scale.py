@@ -24,6 +24,7 @@ Each config runs in a child process (this file with --child), measured by bench/
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import math
@@ -173,7 +174,15 @@ def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
 
     for name in REAL:
         DATASETS[name] = partial(standin_pool, name)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the parent's timeout: exit through atexit
     stats = instrument(report)
+
+    @atexit.register  # runs before instrument's report is written: how far a stopped round got
+    def so_far():
+        if "round_s" not in stats and "round_start" in stats:
+            now = time.perf_counter()
+            stats["train_s"] = stats.get("eval_start", now) - stats["round_start"]
+            stats["eval_so_far_s"] = now - stats["eval_start"] if "eval_start" in stats else None
     stats.update(batches_run=0, batches_paper=0, batch_s=0.0, eval_s=0.0)
     phase_file = report.with_name(report.name + ".phase")
 
@@ -209,7 +218,7 @@ def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
 
     def timed_evaluate(self, ctx):
         phase(f"round 0 evaluation ({stats['batches_run']} training batches done)")
-        start = time.perf_counter()
+        start = stats["eval_start"] = time.perf_counter()
         out = evaluate(self, ctx)
         stats["eval_s"] += time.perf_counter() - start
         return out
@@ -218,7 +227,7 @@ def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
         """Round 0 of the run with its evaluation and a checkpoint, then stop."""
         phase("round 0 training")
         self.is_eval_round = lambda rnd: True
-        start = time.perf_counter()
+        start = stats["round_start"] = time.perf_counter()
         metrics = self.run_round(0)
         metrics["time/round_s"] = stats["round_s"] = time.perf_counter() - start
         stats["clients"] = metrics.get("train/clients")
@@ -292,8 +301,13 @@ def rehearse(conf: str, overrides: list[str], out: Path, local_steps: Optional[i
             polled = peak_rss_mb(proc.pid) or polled
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = proc.wait(timeout=0.5)
-        if code is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        timed_out = code is None
+        if timed_out:  # SIGTERM: the child writes what it measured so far; SIGKILL if it does not stop
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=60)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     wall = time.perf_counter() - start
     phase = report.with_name(report.name + ".phase")
@@ -302,7 +316,9 @@ def rehearse(conf: str, overrides: list[str], out: Path, local_steps: Optional[i
     r = Result(conf, code, wall, stats=stats, rss_mb=stats.get("peak_rss_mb", polled),
                ckpt_bytes=du(run / "checkpoints"), state_dir_bytes=du(run / "client_states"))
     where = phase.read_text() if phase.exists() else "starting"
-    if code is None:
+    if timed_out and where == "done":  # the round was measured; it was writing the run's summary
+        r.exit = 0
+    elif timed_out:
         r.why = f"timeout: no round within {timeout:.0f} s (stopped during {where})"
     elif code < 0 and -code == signal.SIGKILL:
         r.why = f"killed by the operating system (out of memory?) during {where}"
@@ -349,20 +365,32 @@ HEADER = ("| config | clients trained | round: train + eval | projected full run
 def row(r: Result, local_steps: Optional[int]) -> str:
     s = r.stats
     if "round_s" not in s:
-        rss = f"≥ {r.rss_mb:.0f} MiB" if r.rss_mb else "?"
+        rss = "?" if not r.rss_mb else f"{r.rss_mb:.0f} MiB" if "peak_rss_mb" in s else f"≥ {r.rss_mb:.0f} MiB"
+        if s.get("eval_so_far_s") is not None:  # stopped during the evaluation: lower bounds from what it measured
+            least = {**s, "round_s": s["train_s"] + s["eval_so_far_s"], "eval_s": s["eval_so_far_s"]}
+            return (f"| {r.conf} | | {s['train_s']:.1f} + > {s['eval_so_far_s']:.1f} s{batches(s, local_steps)} "
+                    f"| > {duration(projection(least, local_steps))} ({s['paper']['rounds']} rounds) | {rss} "
+                    f"| | | | | **cannot run**: {r.why} |")
+        if s.get("train_s") is not None:
+            return (f"| {r.conf} | | > {s['train_s']:.0f} s ({s['batches_run']} batches) | "
+                    f"> {duration(s['paper']['rounds'] * s['train_s'])} ({s['paper']['rounds']} rounds) | {rss} "
+                    f"| | | | | **cannot run**: {r.why} |")
         return f"| {r.conf} | | | | {rss} | | | | | **cannot run**: {r.why} |"
     total = projection(s, local_steps)
     device = mib(s["peak_device_bytes"]) if s.get("peak_device_bytes") else "— (CPU)"
     ck = s["checkpoints"][0] if s.get("checkpoints") else None
     ckpt = f"{mib(r.ckpt_bytes + r.state_dir_bytes)}, {ck['seconds']:.2f} s" if ck else "?"
-    shortened = f" ({s['batches_run']} of {s['batches_paper']} batches)" if local_steps else ""
-    if s.get("full_length"):
-        shortened = f" (all {s['batches_run']} batches: {s['full_length']})"
     status = "ok" if r.exit == 0 else f"exit {r.exit}: {r.why}"
     return (f"| {r.conf} | {s.get('clients', 0):.0f} | {s['round_s'] - s['eval_s']:.1f} + {s['eval_s']:.1f} s"
-            f"{shortened} | {duration(total)} ({s['paper']['rounds']} rounds) | {r.rss_mb:.0f} MiB | {device} "
-            f"| {mib(s['state_bytes'])} / {mib(s['state_bytes_all'])} | {ckpt} "
+            f"{batches(s, local_steps)} | {duration(total)} ({s['paper']['rounds']} rounds) | {r.rss_mb:.0f} MiB "
+            f"| {device} | {mib(s['state_bytes'])} / {mib(s['state_bytes_all'])} | {ckpt} "
             f"| {mib(s['bytes_up'])} + {mib(s['bytes_down'])} | {status} |")
+
+
+def batches(s: dict, local_steps: Optional[int]) -> str:
+    if s.get("full_length"):
+        return f" (all {s['batches_run']} batches: {s['full_length']})"
+    return f" ({s['batches_run']} of {s['batches_paper']} batches)" if local_steps else ""
 
 
 def paper_configs() -> list[str]:
