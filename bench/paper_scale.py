@@ -202,6 +202,9 @@ def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
     counted = client.batch_indices
 
     def counting(n, batch_size, gen, *, epochs=None, steps=None, drop_last=False):
+        if "eval_start" in stats:  # an evaluation that fine-tunes (FedBABU, -FT): its time is the evaluation's
+            yield from counted(n, batch_size, gen, epochs=epochs, steps=steps, drop_last=drop_last)
+            return
         shortened = local_steps is not None and steps == local_steps
         full = paper_batches(n, batch_size, paper.local_epochs, paper.local_steps, drop_last) if shortened else \
             paper_batches(n, batch_size, epochs, steps, drop_last)
@@ -383,7 +386,7 @@ def row(r: Result, local_steps: Optional[int]) -> str:
     status = "ok" if r.exit == 0 else f"exit {r.exit}: {r.why}"
     return (f"| {r.conf} | {s.get('clients', 0):.0f} | {s['round_s'] - s['eval_s']:.1f} + {s['eval_s']:.1f} s"
             f"{batches(s, local_steps)} | {duration(total)} ({s['paper']['rounds']} rounds) | {r.rss_mb:.0f} MiB "
-            f"| {device} | {mib(s['state_bytes'])} / {mib(s['state_bytes_all'])} | {ckpt} "
+            f"| {device} | {mib(s.get('state_bytes'))} / {mib(s.get('state_bytes_all'))} | {ckpt} "
             f"| {mib(s['bytes_up'])} + {mib(s['bytes_down'])} | {status} |")
 
 
@@ -391,6 +394,19 @@ def batches(s: dict, local_steps: Optional[int]) -> str:
     if s.get("full_length"):
         return f" (all {s['batches_run']} batches: {s['full_length']})"
     return f" ({s['batches_run']} of {s['batches_paper']} batches)" if local_steps else ""
+
+
+def print_table(results: Path) -> int:
+    last = {}
+    for line in results.read_text().splitlines():
+        saved = json.loads(line)
+        steps = saved.pop("local_steps")
+        saved.pop("overrides")
+        last[saved["conf"]] = (Result(**saved), steps)
+    print(HEADER)
+    for conf in sorted(last):
+        print(row(*last[conf]))
+    return 0
 
 
 def paper_configs() -> list[str]:
@@ -409,7 +425,11 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one config may take")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "fl_paper_scale")
     p.add_argument("--keep", action="store_true", help="keep each run's directory (checkpoints, states)")
-    a = p.parse_args()
+    p.add_argument("--table", type=Path, help="print the table of a results.jsonl these runs wrote (the last row per "
+                                              "config, in config order), and run nothing")
+    a = p.parse_intermixed_args()
+    if a.table:
+        return print_table(a.table)
     confs = [x.split("=", 1)[1] for x in a.args if x.startswith("conf=")]
     overrides = [x for x in a.args if not x.startswith("conf=")]
     if a.all == bool(confs):

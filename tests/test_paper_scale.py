@@ -2,7 +2,9 @@
 run shown as a row with its reason."""
 from __future__ import annotations
 
+import json
 import math
+import sys
 
 import pytest
 import torch
@@ -99,3 +101,31 @@ def test_one_round_counts_the_paper_batches_of_every_trained_client(tmp_path):
     assert s["batches_paper"] == sum(math.ceil(len(c.train) / 64) for c in data.clients)
     assert s["checkpoints"][0]["bytes"] > 0 and s["bytes_up"] > 0
     assert "| fedpals_cifar10_c2 | 9 |" in row(r, 1) and row(r, 1).endswith("| ok |")
+
+
+def test_the_table_of_saved_results_keeps_the_last_row_per_config_in_config_order(tmp_path, capsys, monkeypatch):
+    from bench.paper_scale import main
+
+    def saved(conf, why):
+        return json.dumps({"conf": conf, "exit": 2, "wall_s": 1.0, "why": why, "stats": {}, "rss_mb": None,
+                           "ckpt_bytes": 0, "state_dir_bytes": 0, "local_steps": None, "overrides": []})
+
+    results = tmp_path / "results.jsonl"
+    results.write_text("\n".join([saved("fedpals_pacs", "old"), saved("ditto_cifar10_dir05", "a"),
+                                  saved("fedpals_pacs", "new")]) + "\n")
+    monkeypatch.setattr(sys, "argv", ["paper_scale.py", "--table", str(results)])
+    assert main() == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [r.split(" | ")[0] for r in rows] == ["| ditto_cifar10_dir05", "| fedpals_pacs"]
+    assert rows[1].endswith("**cannot run**: new |")
+
+
+def test_a_round_stopped_while_checkpointing_is_a_row_with_what_was_measured():
+    from bench.paper_scale import Result
+    stats = {"round_s": 30.0, "eval_s": 10.0, "batch_s": 15.0, "batches_run": 10, "batches_paper": 100,
+             "clients": 4.0, "bytes_up": 2.0**20, "bytes_down": 2.0**20, "peak_rss_mb": 900.0,
+             "paper": {"rounds": 10, "eval_every": 5, "checkpoint_every": 0}}
+    text = row(Result("fedmosaic_office_fs", None, 100.0, "timeout: no round within 100 s (stopped during writing the "
+                      "checkpoint)", stats, 900.0), local_steps=2)
+    assert text.startswith("| fedmosaic_office_fs | 4 | 20.0 + 10.0 s (10 of 100 batches) |")
+    assert "| ? / ? | ? |" in text and text.endswith("(stopped during writing the checkpoint) |")
