@@ -183,6 +183,7 @@ def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
             now = time.perf_counter()
             stats["train_s"] = stats.get("eval_start", now) - stats["round_start"]
             stats["eval_so_far_s"] = now - stats["eval_start"] if "eval_start" in stats else None
+
     stats.update(batches_run=0, batches_paper=0, batch_s=0.0, eval_s=0.0)
     phase_file = report.with_name(report.name + ".phase")
 
