@@ -42,6 +42,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.state_store import du, instrument  # noqa: E402
+from fl.data.sources import domains  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -53,20 +54,19 @@ class RealData:
     test: dict[str, int]
     source: str
     cameras: Optional[tuple[int, int]] = None  # iWildCam: cameras in the train split, and other cameras in the test
-    estimate: bool = False  # counts not published: see `source`
 
 
-def _domains(names, train, test) -> tuple[dict[str, int], dict[str, int]]:
-    return dict(zip(names, train)), dict(zip(names, test))
+def _held_out(spec: domains.DomainDataset, images: list[int]) -> tuple[dict[str, int], dict[str, int]]:
+    """Per-domain (train, test) counts of a dataset of `images` per domain, split as the loader splits it."""
+    test = [round(spec.test_fraction * n) for n in images]
+    return dict(zip(spec.domains, (n - t for n, t in zip(images, test)))), dict(zip(spec.domains, test))
 
 
 # DomainNet-10: FedBN's split pickles hold the images; their sizes are not published. Estimate: DomainNet's own
 # ~70/30 split and "about 100+ samples per client" at 5% of the smallest domain (med-air/FedBN issue #6).
-_DOMAINNET = _domains(("clipart", "infograph", "painting", "quickdraw", "real", "sketch"), [2600] * 6, [1100] * 6)
-# Office-Caltech10 (Gong et al. 2012): amazon 958, caltech 1123, dslr 157, webcam 295; our loader holds 20% out.
-_OFFICE = _domains(("amazon", "caltech", "dslr", "webcam"), [766, 898, 126, 236], [192, 225, 31, 59])
-# PACS (Li et al. 2017): art_painting 2048, cartoon 2344, photo 1670, sketch 3929; our loader holds 20% out.
-_PACS = _domains(("art_painting", "cartoon", "photo", "sketch"), [1638, 1875, 1336, 3143], [410, 469, 334, 786])
+_DOMAINNET = dict.fromkeys(domains.DOMAINNET.domains, 2600), dict.fromkeys(domains.DOMAINNET.domains, 1100)
+_OFFICE = _held_out(domains.OFFICE_CALTECH10, [958, 1123, 157, 295])  # Gong et al. 2012
+_PACS = _held_out(domains.PACS, [2048, 2344, 1670, 3929])  # Li et al. 2017
 
 REAL = {
     "cifar10": RealData((3, 32, 32), 10, {"": 50_000}, {"": 10_000}, "Krizhevsky 2009: 50,000 / 10,000"),
@@ -75,7 +75,7 @@ REAL = {
     "tinyimagenet": RealData((3, 64, 64), 200, {"": 100_000}, {"": 10_000}, "TinyImageNet-200: 500 / class + val"),
     "fmnist": RealData((1, 28, 28), 10, {"": 60_000}, {"": 10_000}, "Xiao et al. 2017: 60,000 / 10,000"),
     "emnist": RealData((1, 28, 28), 62, {"": 697_932}, {"": 116_323}, "Cohen et al. 2017, byclass split"),
-    "domainnet": RealData((3, 256, 256), 10, *_DOMAINNET, "estimate, see _DOMAINNET", estimate=True),
+    "domainnet": RealData((3, 256, 256), 10, *_DOMAINNET, "estimate, see _DOMAINNET"),
     "office_caltech10": RealData((3, 256, 256), 10, *_OFFICE, "Gong et al. 2012: 2,533 images, 4 domains"),
     "pacs": RealData((3, 224, 224), 7, *_PACS, "Li et al. 2017: 9,991 images, 4 domains"),
     "iwildcam": RealData((3, 224, 224), 182, {"": 129_809}, {"": 42_791},
@@ -141,7 +141,7 @@ def standin_pool(name: str, d):
 
 def _statistics(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The normalisation the real loader uses."""
-    from fl.data.sources import cifar, domains, iwildcam, mnist, tinyimagenet
+    from fl.data.sources import cifar, iwildcam, mnist, tinyimagenet
 
     modules = {"cifar10": cifar, "cifar100": cifar, "cifar20": cifar, "fmnist": mnist, "emnist": mnist,
                "tinyimagenet": tinyimagenet, "iwildcam": iwildcam}
@@ -253,11 +253,10 @@ def store_bytes(store, num_clients: int) -> tuple[int, int]:
     """Bytes of the client states held after the round, and the same at that mean size for every client."""
     from fl.core.state import ClientStateStore, state_bytes
 
+    held = store.state_dict()
     if isinstance(store, ClientStateStore):
-        held = store.state_dict()
         now = sum(state_bytes(s) for s in held.values())
-    else:  # the disk-backed store: one file per client
-        held = store.state_dict()
+    else:  # the disk-backed store: one file per client, held maps each to its round
         now = sum(store.path(cid, rnd).stat().st_size for cid, rnd in held.items())
     return now, now * num_clients // len(held) if held else 0
 
@@ -287,17 +286,16 @@ def peak_rss_mb(pid: int) -> Optional[float]:
 
 
 def rehearse(conf: str, overrides: list[str], out: Path, local_steps: Optional[int], timeout: float) -> Result:
-    label = conf
-    run = out / label
+    run = out / conf
     shutil.rmtree(run, ignore_errors=True)
-    report = out / f"{label}.json"
-    for old in out.glob(f"{label}.json.*"):
+    report = out / f"{conf}.json"
+    for old in out.glob(f"{conf}.json.*"):
         old.unlink()
     argv = [f"conf={conf}", *overrides, "logger.wandb.mode=disabled", "logger.progress=false",
-            f"logger.output_dir={out}", f"logger.run_name={label}"]
+            f"logger.output_dir={out}", f"logger.run_name={conf}"]
     cmd = [sys.executable, __file__, "--child", str(report), str(local_steps or 0), "--", *argv]
     start = time.perf_counter()
-    with open(out / f"{label}.stderr", "w") as err:
+    with open(out / f"{conf}.stderr", "w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
                                 stderr=err, start_new_session=True)
         polled, code = None, None
@@ -315,7 +313,7 @@ def rehearse(conf: str, overrides: list[str], out: Path, local_steps: Optional[i
             proc.wait()
     wall = time.perf_counter() - start
     phase = report.with_name(report.name + ".phase")
-    ranks = sorted(out.glob(f"{label}.json.rank*"))
+    ranks = sorted(out.glob(f"{conf}.json.rank*"))
     stats = json.loads(ranks[0].read_text()) if ranks else {}
     r = Result(conf, code, wall, stats=stats, rss_mb=stats.get("peak_rss_mb", polled),
                ckpt_bytes=du(run / "checkpoints"), state_dir_bytes=du(run / "client_states"))
@@ -327,7 +325,7 @@ def rehearse(conf: str, overrides: list[str], out: Path, local_steps: Optional[i
     elif code < 0 and -code == signal.SIGKILL:
         r.why = f"killed by the operating system (out of memory?) during {where}"
     elif code != 0:
-        lines = (out / f"{label}.stderr").read_text().strip().splitlines()
+        lines = (out / f"{conf}.stderr").read_text().strip().splitlines()
         r.why = (lines[-1] if lines else f"exit {code}")[:300]
     return r
 
