@@ -1,17 +1,18 @@
 """FedAS (fl/methods/fedas.py), a FedDRM baseline: the alignment loss and class prototypes by hand on fabricated
 tensors; the alignment steps by hand from the broadcast body and the client's previous local body (and 0 steps leave
-the received body as it came); tr(F_i) by hand for both estimators; the Fisher-weighted server step by hand on
-fabricated uploads (equal traces give the plain mean); align_steps = 0 with n_i weights is FedPer exactly; resume
-equals the uninterrupted run (its configs: tests/test_baseline_configs.py)."""
+the received body as it came); tr(F_i) by hand for both estimators (full batches only, as the authors' loader); the
+Fisher-weighted server step by hand on fabricated uploads (equal traces give the plain mean); align_steps = 0 with n_i
+weights is FedPer exactly; resume equals the uninterrupted run (its configs: tests/test_baseline_configs.py)."""
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fl.config import ConfigError, load_config
-from fl.core import Upload, batch_indices, generator
+from fl.core import TrainingFault, Upload, batch_indices, generator
 from fl.core.exchange import WeightedSum, exchange
 from fl.core.optim import round_lr
 from fl.methods.fedas import FedASClient, alignment_loss, class_prototypes
@@ -129,9 +130,10 @@ def test_alignment_steps_by_hand(out, monkeypatch, target, steps):
 # ---- client synchronization ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("estimator", ["batch", "sample"])
 def test_fisher_trace_by_hand_and_local_evaluation(out, estimator):
-    """tr(F_i) of the trained client model (body and personal head, eval mode, batches of trainer.batch_size in
-    stored order): the sum over batches of ||grad of the batch-mean NLL||^2, or the mean over samples of ||grad NLL||^2.
-    Then, with a new broadcast, eval_model=local predicts with the client's own last local model."""
+    """tr(F_i) of the trained client model (body and personal head, eval mode, stored order): the authors' loop, the
+    sum over the full batches of trainer.batch_size of ||grad of the batch-mean NLL||^2 (their loader has
+    drop_last=True: client 2's 62 = 3 x 16 + 14 samples give 3 batches), or the mean over all samples of
+    ||grad NLL||^2. Then, with a new broadcast, eval_model=local predicts with the client's own last local model."""
     cfg, orch = build(out, f"method.fisher={estimator}", "trainer.local_steps=3")
     m, data, c = orch.module, orch.data, 2
     upload, result = orch.train_client(0, c)
@@ -140,9 +142,12 @@ def test_fisher_trace_by_hand_and_local_evaluation(out, estimator):
     train = data.clients[c].train
     total = 0.0
     bs = cfg.trainer.batch_size
+    assert len(train) % bs != 0  # a last partial batch the authors' loader drops
     for begin in range(0, len(train), bs):
         x, y = data.prepare(train.x[begin:begin + bs]), train.y[begin:begin + bs]
         if estimator == "batch":
+            if len(y) < bs:
+                break
             g = torch.autograd.grad(-F.log_softmax(model(x), 1)[range(len(y)), y].mean(), params)
             total += sum(float((gi.double() ** 2).sum()) for gi in g)
         else:
@@ -164,6 +169,18 @@ def test_fisher_trace_by_hand_and_local_evaluation(out, estimator):
     with torch.no_grad():
         torch.testing.assert_close(m.predict(x), local, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(received, local)  # the received body is another model
+
+
+def test_fisher_trace_of_a_client_without_a_full_batch_is_zero_and_a_round_of_them_stops(out):
+    """n_i < batch_size: the authors' drop_last loader yields no batch, so tr(F_i) = 0 and the client's body weighs
+    nothing; a round whose every trace is 0 has no Fisher weights and stops with one line naming the remedy."""
+    cfg, orch = build(out, "trainer.batch_size=64", "trainer.local_steps=3")
+    c = 3
+    assert len(orch.data.clients[c].train) < 64
+    upload, result = orch.train_client(0, c)
+    assert result.message["fisher"] == 0.0 and orch.server.weight(c, upload) == 0.0
+    with pytest.raises(TrainingFault, match="round 4: every client's tr\\(F_i\\) is 0.*trainer.batch_size=64"):
+        orch.server.server_step(SimpleNamespace(round=4), {}, {c: result.message, 1: {"fisher": 0.0}})
 
 
 def fabricated_step(out, weighting, traces):

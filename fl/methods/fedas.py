@@ -18,7 +18,8 @@ Client-Synchronization on the server.
 
 tr(F_i) (`fisher`): with l = -log p(y | x; theta) over every trainable parameter of the client's model (body and
 personal head, as the authors' code), in eval mode, after local training, on the client's training split:
-    batch   sum over mini-batches B of || grad (1/|B|) sum_{j in B} l_j ||^2   (the authors' released code)
+    batch   sum over mini-batches B of || grad (1/|B|) sum_{j in B} l_j ||^2   (the authors' released code: full
+            batches of the stored order; their loader drops the last partial one)
     sample  (1/n) sum_j || grad l_j ||^2                                      (the empirical Fisher's trace)
 
 How it maps onto this framework:
@@ -53,7 +54,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from fl.config import ConfigError, MethodConfig, param
-from fl.core import HEAD, ClientModule, Server, Upload, build_optimizer, register_method
+from fl.core import HEAD, ClientModule, Server, TrainingFault, Upload, build_optimizer, register_method
 
 
 @dataclass
@@ -189,17 +190,20 @@ class FedASClient(ClientModule):
     # ---- client synchronization: tr(F_i) ------------------------------------------------------------------------
     def fisher_trace(self) -> float:
         """tr(F_i) of the client's model on its training split (eval mode, no augmentation, batches of
-        trainer.batch_size in stored order), over every trainable parameter, in float64."""
+        trainer.batch_size in stored order), over every trainable parameter, in float64. `batch` sums over the full
+        batches only, as the authors' loader does (drop_last=True, unshuffled): a client with fewer than
+        batch_size samples has tr(F_i) = 0. `sample` averages over every sample."""
         train = self.train_split(self.data, self.cid)
         named = {k: p for k, p in self.model.named_parameters() if p.requires_grad}
         bs = self.cfg.trainer.batch_size
+        end = len(train) // bs * bs if self.hp.fisher == "batch" else len(train)
         total = torch.zeros((), dtype=torch.float64)
         was = self.training
         self.eval()
         try:
             with torch.enable_grad():
-                for begin in range(0, len(train), bs):
-                    x, y = self.make_batch(train, slice(begin, begin + bs))
+                for begin in range(0, end, bs):
+                    x, y = self.make_batch(train, slice(begin, min(begin + bs, end)))
                     if self.hp.fisher == "batch":
                         grads = torch.autograd.grad(F.cross_entropy(self.model(x), y), list(named.values()),
                                                     allow_unused=True)
@@ -246,11 +250,15 @@ class FedASServer(Server):
         return float(upload.message["fisher"]) if self.hp.weighting == "fisher" else upload.weight
 
     def server_step(self, ctx, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
+        traces = [float(m["fisher"]) for m in messages.values() if m and "fisher" in m]
+        if traces and sum(traces) <= 0:  # alpha_i = 0 / 0: no client of the round had a full batch
+            raise TrainingFault(f"method fedas, round {ctx.round}: every client's tr(F_i) is 0 (tr(F_i) sums over "
+                                f"full batches of trainer.batch_size={self.cfg.trainer.batch_size}), so the Fisher "
+                                "weights are undefined; use a smaller trainer.batch_size or method.weighting=samples")
         if not mean:
             return
         # theta_s <- sum_i alpha_i theta_s,i: `mean` is already weighted by alpha_i = tr(F_i) / sum_j tr(F_j)
         self.global_params = mean
-        traces = [float(m["fisher"]) for m in messages.values() if m and "fisher" in m]
         if traces:
             total = sum(traces)
             self._round = {"server/fisher_min": min(traces), "server/fisher_max": max(traces),
