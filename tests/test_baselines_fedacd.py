@@ -193,6 +193,43 @@ def test_ntd_loss_by_hand():
     assert float(ntd_loss(glob, glob, y, tau)) == 0.0
 
 
+@pytest.mark.parametrize("tau_squared", [True, False])
+def test_fedntd_step_is_the_released_loss_by_hand(out, monkeypatch, tau_squared):
+    """tau = 3, beta = 0.5: each round-0 client's second step minimises CE + beta tau^2 (1/B) sum_b sum_{c != y_b}
+    q~_g(c) log(q~_g(c) / q~_l(c)), the authors' released loss (Lee-Gihun/FedNTD criterion.py), written out on the
+    step's batch with the frozen global model = the initial model; tau_squared=false drops the factor 9."""
+    extra = ("method.name=fedntd", "method.tau=3", "method.beta=0.5", f"method.tau_squared={tau_squared}",
+             "trainer.rounds=1", "trainer.local_steps=2")
+    seen = []
+    original = FedNTDClient.training_step
+
+    def step(self, batch, batch_idx):
+        with torch.no_grad():
+            local = self.model(batch[0]).double()
+        result = original(self, batch, batch_idx)
+        if batch_idx == 1:
+            seen.append((batch[0].clone(), batch[1].clone(), local, float(result["loss"].detach())))
+        return result
+
+    monkeypatch.setattr(FedNTDClient, "training_step", step)
+    run_tiny(out, *extra, name="ntd")
+    cfg = load_config(tiny(out, *extra))
+    glob_model = initial_model(cfg, build_data(cfg)).eval()
+    assert len(seen) == 3  # the round's clients
+    for x, y, local, loss in seen:
+        with torch.no_grad():
+            glob = glob_model(x).double()
+        ce = -(local[range(len(y)), y] - local.logsumexp(1)).mean()
+        kl = 0.0
+        for zl, zg, label in zip(local, glob, y.tolist()):
+            rest = [c for c in range(len(zl)) if c != label]
+            log_ql = zl[rest] / 3 - (zl[rest] / 3).logsumexp(0)
+            log_qg = zg[rest] / 3 - (zg[rest] / 3).logsumexp(0)
+            kl += float((log_qg.exp() * (log_qg - log_ql)).sum())
+        factor = 9.0 if tau_squared else 1.0
+        assert kl > 0 and loss == pytest.approx(float(ce) + 0.5 * factor * kl / len(y), rel=1e-5)
+
+
 @MODELS
 def test_fedntd_with_beta_0_is_fedavg_exactly(out, model):
     """The frozen global model runs beside training (eval mode: no BatchNorm update, no dropout draw) and adds
@@ -284,7 +321,7 @@ def test_feddecorr_regularises_and_needs_a_backbone(out, capsys):
 CHOSEN = {  # the values each config picks (its comment says why)
     "fednova": {"optim.name": "sgd", "optim.momentum": 0.9},
     "fedlc": {"method.tau": 1.0},
-    "fedntd": {"method.beta": 1.0, "method.tau": 1.0},
+    "fedntd": {"method.beta": 1.0, "method.tau": 1.0, "method.tau_squared": True},
     "feddecorr": {"method.beta": 0.05, "method.form": "official"},
 }
 

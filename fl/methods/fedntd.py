@@ -12,6 +12,9 @@ z the logits of the local model (q_l) and of the global model received at the st
 stays frozen during the round. L_NTD is averaged over the batch; the true class takes no part in it, so it
 neither pushes nor holds the true-class logit.
 
+`tau_squared` (default true) multiplies L_NTD by tau^2, as the authors' released loss does (the usual distillation
+scaling, which keeps the gradient's size as tau grows); false is L_NTD as written above. At tau = 1 they agree.
+
 The frozen global model runs in eval mode (BatchNorm with the received statistics, no dropout draws); the
 paper does not say. beta = 0 gives FedAvg's training exactly: the term is computed (and logged as `ntd`) but
 adds nothing.
@@ -37,6 +40,8 @@ class FedNTDConfig(MethodConfig):
                         help="beta: weight of the not-true distillation loss")
     tau: float = param(1.0, gt=0.0, search={"values": [0.5, 1.0, 3.0]},
                        help="tau: softmax temperature of the not-true distributions")
+    tau_squared: bool = param(True, help="multiply L_NTD by tau^2, as the authors' released loss does; false: "
+                              "L_NTD without the factor (both agree at tau = 1)")
 
 
 def not_true(logits: Tensor, y: Tensor) -> Tensor:
@@ -76,6 +81,8 @@ class FedNTDClient(ClientModule):
             global_logits = self._global_model(x)
         ce = F.cross_entropy(logits, y)
         ntd = ntd_loss(logits.float(), global_logits.float(), y, self.hp.tau)
+        if self.hp.tau_squared:
+            ntd = self.hp.tau ** 2 * ntd
         return {"loss": ce + self.hp.beta * ntd, "ce": ce.detach(), "ntd": ntd.detach()}
 
 
