@@ -6,6 +6,7 @@ local models; resume equals uninterrupted (its configs: tests/test_baseline_conf
 import math
 from collections import OrderedDict
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -112,9 +113,12 @@ def test_weight_gradient_and_clipped_step_by_hand():
 
 
 def test_convergence_rule():
+    """The authors' test: more than `window` losses recorded and the population std of the last `window` below the
+    threshold."""
     assert not converged([1.0, 1.0], window=3, threshold=0.1)  # too few passes yet
+    assert not converged([1.0, 1.05, 0.95], window=3, threshold=0.1)  # std 0.041, but only `window` passes
     assert converged([5.0, 1.0, 1.05, 0.95], window=3, threshold=0.1)  # std of the last 3 is 0.041
-    assert not converged([1.0, 1.2, 1.0], window=3, threshold=0.05)  # std 0.094
+    assert not converged([5.0, 1.0, 1.2, 1.0], window=3, threshold=0.05)  # std 0.094
 
 
 # ---- runs ----------------------------------------------------------------------------------------------------------
@@ -147,7 +151,7 @@ def test_fedala_with_weights_fixed_at_one_is_fedavg(out, monkeypatch):
 
 def test_each_round_starts_from_ala_of_the_old_local_and_the_global_model(out, monkeypatch):
     """Full participation, p = 2 (the head and the last hidden layer), s = 50. Round 0 skips ALA (local = global =
-    Theta^0). Round 1 is every client's start phase (a huge threshold: exactly num_pre_loss = 3 passes), round 2 one
+    Theta^0). Round 1 is every client's start phase (a huge threshold: num_pre_loss + 1 = 4 passes), round 2 one
     pass; each pass takes int(n s / 100) samples. The model training starts from is ala_init(the local model the
     client uploaded in the previous round, the global model, the new W), and the scores are the local models'."""
     extra = ("method.name=fedala", "method.eta=0.5", "method.p=2", "method.s=50", "method.threshold=1e9",
@@ -178,7 +182,7 @@ def test_each_round_starts_from_ala_of_the_old_local_and_the_global_model(out, m
     cfg = load_config(tiny(out, *extra))
     data = build_data(cfg)
     sizes = [len(c.train) for c in data.clients]
-    assert sum(batches) == sum(int(n * 50 / 100) * (3 + 1) for n in sizes)  # 3 start passes, then one pass
+    assert sum(batches) == sum(int(n * 50 / 100) * (4 + 1) for n in sizes)  # 4 start passes, then one pass
     top = {"model." + k for k in mixed_keys(initial_model(cfg, data), 2)}
     assert top == {"model.head.weight", "model.head.bias", "model.backbone.7.weight", "model.backbone.7.bias"}
     uploaded = {(r, cid): params for r, cid, params, _ in uploads}
@@ -188,7 +192,7 @@ def test_each_round_starts_from_ala_of_the_old_local_and_the_global_model(out, m
             assert all(torch.equal(start[k], before["global"][k]) for k in start)
             assert all(torch.equal(w, torch.ones_like(w)) for w in W.values())
             continue
-        assert logs["ala_passes"] == (3 if rnd == 1 else 1) and before["start_phase"] == (rnd == 1)
+        assert logs["ala_passes"] == (4 if rnd == 1 else 1) and before["start_phase"] == (rnd == 1)
         assert not start_phase
         flat = torch.cat([w.flatten() for w in W.values()])
         assert ((flat >= 0) & (flat <= 1)).all() and (flat < 1).any()
@@ -212,6 +216,55 @@ def test_each_round_starts_from_ala_of_the_old_local_and_the_global_model(out, m
             pred = model(data.prepare(client.test.x)).argmax(1)
         assert row[f"client/{cid}/acc"] == pytest.approx(float((pred == client.test.y).double().mean()), abs=1e-12)
     assert "test/system_acc" in row and "test/acc_global" in row
+
+
+def test_start_phase_stops_where_the_authors_loop_stops(out, monkeypatch):
+    """Round 1 is every client's start phase, with the defaults (threshold 0.1, num_pre_loss 10). The authors' loop
+    (TsingZ0/FedALA utils/ALA.py), written out on the W-step losses the run computed: after each pass over the
+    s% sample it records the pass's last mini-batch loss, and stops once more than 10 are recorded and the population
+    std of the last 10 is below the threshold. Each client's pass count is that loop's; the mean-per-pass rule with
+    10 passes enough stops elsewhere for some client."""
+    extra = ("method.name=fedala", "trainer.participation=1.0", "trainer.rounds=2", "trainer.local_steps=2")
+    steps, passes = [], {}
+    real_gradients = fedala.weight_gradients
+
+    def recording(model, local, glob, W, x, y):
+        loss, grads = real_gradients(model, local, glob, W, x, y)
+        steps.append(float(loss))
+        return loss, grads
+
+    original = FedALAClient.learn_weights
+
+    def learn_weights(self, local, glob):
+        steps.clear()
+        start = self.start_phase
+        count = original(self, local, glob)
+        if start:
+            passes[self.cid] = (count, list(steps))
+        return count
+
+    monkeypatch.setattr(fedala, "weight_gradients", recording)
+    monkeypatch.setattr(FedALAClient, "learn_weights", learn_weights)
+    run_tiny(out, *extra, name="ala")
+    cfg = load_config(tiny(out, *extra))
+    sizes = [len(c.train) for c in build_data(cfg).clients]
+    assert sorted(passes) == list(range(len(sizes)))
+    differs = False
+    for cid, (count, losses) in passes.items():
+        per_pass = math.ceil(int(sizes[cid] * 80 / 100) / cfg.trainer.batch_size)
+        assert len(losses) == count * per_pass
+        last_of_pass = [losses[(i + 1) * per_pass - 1] for i in range(count)]
+        mean_of_pass = [sum(losses[i * per_pass:(i + 1) * per_pass]) / per_pass for i in range(count)]
+        authors, recorded = None, []
+        for i, value in enumerate(last_of_pass):
+            recorded.append(value)
+            if len(recorded) > 10 and float(np.std(recorded[-10:])) < 0.1:
+                authors = i + 1
+                break
+        assert count == authors, cid
+        mean_rule = next((i for i in range(10, count + 1) if float(np.std(mean_of_pass[i - 10:i])) < 0.1), None)
+        differs |= mean_rule != count
+    assert differs
 
 
 def test_start_phase_stops_at_max_start_passes(out):
@@ -250,5 +303,5 @@ def test_config_errors(out, capsys):
 
 def test_config_holds_the_papers_values():
     m = load_config(["conf=fedala_cifar10_dir03"]).method
-    assert (m.eta, m.s, m.p, m.threshold, m.num_pre_loss, m.max_start_passes) == (1.0, 80.0, 1, 0.01, 10, 100)
+    assert (m.eta, m.s, m.p, m.threshold, m.num_pre_loss, m.max_start_passes) == (1.0, 80.0, 1, 0.1, 10, 100)
     assert math.isclose(load_config(["conf=fedala_cifar10_dir03_synthetic"]).method.s, 80.0)

@@ -28,9 +28,10 @@ How it maps onto this framework:
 - Each W step is one mini-batch (trainer.batch_size) of one pass over D_i^{s,t}, in train mode with the training
   augmentation and BatchNorm statistics left untouched; the pass has its own seeded draws and leaves torch's RNG as
   local training finds it. The paper writes Eq. 5 on D_i^{s,t} and the authors' code steps per mini-batch of it.
-- Convergence in the start phase (the paper is silent on the test): the standard deviation of the last `num_pre_loss`
-  per-pass mean losses below `threshold` (the authors' code's rule; it records each pass's last batch loss), at most
-  `max_start_passes` passes (a cap the paper does not have; the authors warn a small threshold can hang).
+- Convergence in the start phase (the paper is silent on the test): the authors' code's rule. Each pass records the
+  loss of its last mini-batch; W has converged once more than `num_pre_loss` passes are recorded and the population
+  std of the last `num_pre_loss` is below `threshold` (0.1, the default their client runs with; their README cites
+  0.01). At most `max_start_passes` passes (a cap the paper does not have; the authors warn a small threshold can hang).
 - Evaluation scores each client's local model after its local training (`self.local`); `test/acc_global` scores the
   global model. A client that has not trained yet is scored with Theta^0.
 - eta = 0 keeps W_i = 1: the lower layers and the p layers are the global model's, so the run is FedAvg's exactly.
@@ -63,9 +64,11 @@ class FedALAConfig(MethodConfig):
     p: int = param(1, ge=1, search={"values": [1, 2, 3]},
                    help="p: number of higher layers ALA mixes (modules owning parameters, counted from the output; "
                    "1 = the head); the lower layers take the global model")
-    threshold: float = param(0.01, gt=0.0, help="start phase: W_i has converged when the std of the last "
-                             "num_pre_loss per-pass losses is below this (the authors' README: 0.01 in the paper)")
-    num_pre_loss: int = param(10, ge=2, help="start phase: passes whose losses the convergence test looks at")
+    threshold: float = param(0.1, gt=0.0, help="start phase: W_i has converged when the std of the last "
+                             "num_pre_loss passes' last-batch losses is below this (0.1: the authors' code, whose "
+                             "client never sets it; their README cites 0.01)")
+    num_pre_loss: int = param(10, ge=2, help="start phase: passes whose losses the convergence test looks at (it "
+                              "needs more passes than this, as the authors' code)")
     max_start_passes: int = param(100, ge=1, help="start phase: at most this many passes over the sample "
                                   "(a cap the paper does not have)")
 
@@ -102,9 +105,9 @@ def weight_step(W: Mapping[str, Tensor], grads: Mapping[str, Tensor], eta: float
 
 
 def converged(losses: list[float], window: int, threshold: float) -> bool:
-    """The start phase's stopping rule: the last `window` per-pass losses vary (population std) less than
-    `threshold`."""
-    return len(losses) >= window and float(np.std(losses[-window:])) < threshold
+    """The start phase's stopping rule (the authors' code): more than `window` passes recorded, and the last `window`
+    of the per-pass losses (each pass's last mini-batch loss) vary (population std) less than `threshold`."""
+    return len(losses) > window and float(np.std(losses[-window:])) < threshold
 
 
 # ---- the client ----------------------------------------------------------------------------------------------------
@@ -154,14 +157,13 @@ class FedALAClient(ClientModule):
         aug = generator(seed, rnd, cid, "fedala/augment") if self.cfg.data.augment else None
         budget = self.hp.max_start_passes if self.start_phase else 1
         device = next(self.parameters()).device
-        losses: list[float] = []
-        batch_losses: list[Tensor] = []
+        losses: list[float] = []  # per pass: the loss of its last mini-batch (the authors' code records that)
+        last = None
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), frozen_running_stats(self):
             seed_torch(seed, rnd, cid, "fedala")  # dropout draws of the W passes; training's RNG is restored after
             for _, idx in batch_indices(k, t.batch_size, gen, epochs=budget, drop_last=t.drop_last):
                 if idx is None:  # a pass over D_i^{s,t} is complete
-                    losses.append(float(torch.stack(batch_losses).mean()))
-                    batch_losses = []
+                    losses.append(float(last))
                     if not self.start_phase or converged(losses, self.hp.num_pre_loss, self.hp.threshold):
                         break
                     continue
@@ -169,7 +171,7 @@ class FedALAClient(ClientModule):
                 with self.fabric.autocast():
                     loss, grads = weight_gradients(self.model, local, glob, self.W, x, y)
                 self.W = weight_step(self.W, grads, float(self.hp.eta))
-                batch_losses.append(loss.float())
+                last = loss
         self.start_phase = False
         return len(losses)
 
