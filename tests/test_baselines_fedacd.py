@@ -285,7 +285,7 @@ def test_decorr_loss_in_closed_form():
     assert float(decorr_loss(torch.stack([a, b], 1), "official")) == pytest.approx(0.0, abs=1e-7)
 
 
-def test_decorr_official_form_is_about_batch_size_times_the_papers():
+def test_decorr_official_form_through_the_off_diagonal_correlations():
     """official = (N - 1)^2 / (N d (d - 1)) * sum_{i != j} K_ij^2, paper = (d + sum_{i != j} K_ij^2) / d^2."""
     gen = torch.Generator().manual_seed(0)
     features = torch.randn(64, 32, generator=gen, dtype=torch.float64) @ torch.randn(32, 32, generator=gen,
@@ -296,6 +296,35 @@ def test_decorr_official_form_is_about_batch_size_times_the_papers():
     assert official == pytest.approx((n - 1) ** 2 / (n * d * (d - 1)) * off, rel=1e-6)
     # invariant to a per-dimension scale and shift
     assert float(decorr_loss(features * torch.linspace(0.5, 3, d, dtype=torch.float64) - 2)) == pytest.approx(paper)
+
+
+def decorr_value_and_gradient(features, form):
+    f = features.clone().requires_grad_(True)
+    loss = decorr_loss(f, form)
+    return float(loss.detach()), torch.autograd.grad(loss, f)[0]
+
+
+@pytest.mark.parametrize("kind, d, ratio", [("rank_one", 16, 63 ** 2 / 64), ("independent", 64, 31.13),
+                                            ("independent", 512, 55.31)])
+def test_decorr_official_over_paper_on_fixed_features(kind, d, ratio):
+    """Batch N = 64. The values' ratio depends on the features: (N-1)^2 / N = 62.02 when every pair of dimensions is
+    perfectly correlated, 31 (d = 64) and 55 (d = 512) on independent Gaussian features, near the expectation
+    (N-1)^2 d / (N (N + d - 2)) for independent features. The gradients are parallel, official's
+    (N-1)^2 d / (N (d - 1)) times the paper's: beta 0.05 in the released form is beta ~ 3.1 in the paper's."""
+    n = 64
+    gen = torch.Generator().manual_seed(3)
+    if kind == "rank_one":
+        scale = torch.linspace(0.5, 3, d, dtype=torch.float64) * torch.tensor([1.0, -1.0]).repeat(d // 2)
+        features = torch.randn(n, 1, generator=gen, dtype=torch.float64) * scale + 7
+    else:
+        features = torch.randn(n, d, generator=gen, dtype=torch.float64)
+        assert ratio == pytest.approx((n - 1) ** 2 * d / (n * (n + d - 2)), rel=0.03)
+    paper, grad_paper = decorr_value_and_gradient(features, "paper")
+    official, grad_official = decorr_value_and_gradient(features, "official")
+    assert official / paper == pytest.approx(ratio, rel=1e-3)
+    if kind != "rank_one":  # there R is at its maximum: both gradients are 0 up to rounding
+        residual = grad_official - (n - 1) ** 2 * d / (n * (d - 1)) * grad_paper
+        assert float(residual.norm()) <= 1e-6 * float(grad_official.norm())
 
 
 @MODELS

@@ -13,8 +13,11 @@ dimensions move the loss.
 - A dimension constant over the batch (a ReLU unit that is off for every sample) has no correlation; eps
   (1e-8, added to the variance) makes its row and column of K zero instead of 0/0.
 - `method.form=official` is the loss of the authors' released code instead: the squared off-diagonal entries of
-  Z^T Z (z-scored with the unbiased variance) averaged, then divided by N. It is about N - 2 times the paper's
-  term for a batch of N, so the same beta weighs it very differently.
+  Z^T Z (z-scored with the unbiased variance) averaged, then divided by N. Both see K only through
+  R = sum_{i != j} K_ij^2 (eps aside): official = (N-1)^2 R / (N d (d-1)), paper = (d + R) / d^2. So their
+  gradients are parallel, official's (N-1)^2 d / (N (d-1)) times the paper's (62.5 at N = 64, d = 128), while their
+  values differ by (N-1)^2 d R / (N (d-1) (d + R)): near (N-1)^2 / N (62 at N = 64) only when R >> d (strongly
+  correlated dimensions), about (N-1)^2 d / (N (N + d - 2)) for independent ones (31 at d = 64, 55 at d = 512).
 beta = 0 gives FedAvg's training exactly: the term is computed (and logged as `decorr`) but adds nothing.
 """
 from __future__ import annotations
@@ -37,7 +40,7 @@ class FedDecorrConfig(MethodConfig):
                         help="beta: weight of the decorrelation loss")
     form: str = param("paper", choices=["paper", "official"],
                       help="paper: ||K||_F^2 / d^2; official: the released code's off-diagonal mean of "
-                      "Z^T Z / N (about N - 2 times larger)")
+                      "Z^T Z / N (its gradient (N-1)^2 d / (N (d-1)) times the paper's: 62.5 at N = 64, d = 128)")
 
 
 def decorr_loss(features: Tensor, form: str = "paper") -> Tensor:
