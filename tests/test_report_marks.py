@@ -151,6 +151,17 @@ def test_diverged_runs_are_not_model_selection_candidates(tmp_path):
     assert "| 2† |" in text and "runs that diverged are not candidates" in text and "pals-1.0-s0 at round 3" in text
 
 
+def test_a_diverged_run_left_out_for_its_rerun_is_named_as_diverged(tmp_path):
+    root = tmp_path / "runs"
+    fake_run(root, "first", {"name": "fedavg"}, 0, [0.3, 0.1], summary={"finished_at": EARLY, "diverged": DIVERGED})
+    fake_run(root, "rerun", {"name": "fedavg"}, 0, [0.3, 0.6], summary={"finished_at": LATE})
+    groups = group_runs(load_local([root])[0])
+    assert list(groups) == [("embedded/dirichlet", "fedavg")]
+    md = write_report(load_local([root])[0], tmp_path / "report", plots=False)["markdown"].read_text()
+    assert "kept rerun (finished 2025-03-02 10:00:00 UTC), left out first (2025-03-01 10:00:00 UTC, diverged at " \
+           "round 3)" in md
+
+
 def test_the_cli_prints_the_footnotes(repeated, capsys):
     fake_run(repeated, "fedavg-s2", {"name": "fedavg"}, 2, [0.3, 0.1], summary={"diverged": DIVERGED})
     assert main([str(repeated), "--no-plots"]) == 0

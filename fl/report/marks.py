@@ -18,7 +18,9 @@ def _when(t) -> str:
 def repeat_facts(runs: list[Run]) -> list[dict]:
     """For each seed of `runs` that stands for older identical runs: the seed, the run kept and the runs left out."""
     return [{"seed": r.seed, "kept": r.name, "finished": _when(r.finished), "from": r.finished_from,
-             "dropped": [(o.name, _when(o.finished)) for o in r.replaces]} for r in runs if r.replaces]
+             "dropped": [(o.name, _when(o.finished) + (f", diverged at round {o.diverged.get('round', '?')}"
+                                                       if o.diverged else "")) for o in r.replaces]}
+            for r in runs if r.replaces]
 
 
 def diverged_facts(runs: list[Run]) -> list[dict]:
