@@ -168,6 +168,7 @@ def test_the_cli_prints_the_footnotes(repeated, capsys):
     out = capsys.readouterr().out
     assert "| embedded/dirichlet | fedavg | 2‡ |" in out and "| embedded/dirichlet | fedavg (diverged) | 1† |" in out
     assert "‡ a seed run more than once" in out and "left out fedavg-s0" in out and "fedavg-s2 at round 3" in out
+    assert "(4 runs, 1 left out as repeats of a newer run ‡)" in out
 
 
 def test_summary_json_records_when_it_was_written(tmp_path):

@@ -132,5 +132,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     # the report's text without its images: the tables, their footnotes and the notes
     print("\n".join(line for line in paths["markdown"].read_text().splitlines() if not line.startswith("![")).strip())
-    print(f"\nwrote {', '.join(str(p) for p in paths.values())} ({len(runs)} runs)")
+    repeats = sum(len(r.replaces) for r in runs)  # set by write_report's grouping
+    print(f"\nwrote {', '.join(str(p) for p in paths.values())} ({len(runs)} runs"
+          + (f", {repeats} left out as repeats of a newer run ‡)" if repeats else ")"))
     return 0
