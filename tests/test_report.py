@@ -10,10 +10,11 @@ import yaml
 
 from fl.core import METHODS, load_plugins
 from fl.report.cli import write_report
+from fl.report.groups import group_runs
 from fl.report.plots import file_stem
 from fl.report.runs import ReportError, load_local
 from fl.report.summary import summarize_history
-from fl.report.tables import group_runs, table_rows
+from fl.report.tables import table_rows
 from fl.report.wandb_access import load_wandb
 from tests.helpers import run_cli
 
@@ -22,9 +23,9 @@ load_plugins()  # the methods' registrations hold their headline metrics
 
 
 def fake_run(root: Path, name: str, method: dict, seed: int, acc: list[float], data: dict | None = None,
-             extra: dict | None = None) -> Path:
+             extra: dict | None = None, summary: dict | None = None) -> Path:
     """A run directory like fl.train's: config.yaml, metrics.jsonl (evaluations every other round) and
-    summary.json computed from it by fl.report.summary."""
+    summary.json computed from it by fl.report.summary, with `summary`'s keys added (finished_at, diverged)."""
     run = root / name
     run.mkdir(parents=True)
     config = {"seed": seed, "method": method, "trainer": {"rounds": 2 * len(acc), "last_k": LAST_K},
@@ -40,9 +41,10 @@ def fake_run(root: Path, name: str, method: dict, seed: int, acc: list[float], d
         row.update({k: (v(i) if callable(v) else v) for k, v in (extra or {}).items()})
         history.append(row)
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
-    summary = summarize_history(history, LAST_K)
-    summary.update({"method": method["name"], "seed": seed, "headline": METHODS[method["name"]].headline})
-    (run / "summary.json").write_text(json.dumps(summary))
+    written = summarize_history(history, LAST_K)
+    written.update({"method": method["name"], "seed": seed, "headline": METHODS[method["name"]].headline,
+                    **(summary or {})})
+    (run / "summary.json").write_text(json.dumps(written))
     return run
 
 

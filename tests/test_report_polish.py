@@ -6,9 +6,10 @@ import json
 import pytest
 
 from fl.report.cli import main, write_report
+from fl.report.groups import group_runs
 from fl.report.plots import file_stem, final_client_values, sweep_points
 from fl.report.runs import load_local
-from fl.report.tables import fmt_stat, group_runs
+from fl.report.tables import fmt_stat
 from tests.test_report import cell, fake_run
 
 

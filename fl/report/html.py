@@ -5,7 +5,8 @@ import base64
 import html
 from pathlib import Path
 
-from fl.report.tables import bold_cells, fmt_stat
+from fl.report.marks import footnotes, row_marks
+from fl.report.tables import bold_cells, cell_mark, fmt_stat
 
 # Sized for a laptop (1366 px): small type, long labels and headers wrap, and a table still wider than the
 # window scrolls inside its own box rather than widening the page.
@@ -15,7 +16,7 @@ th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
 th{background:#f3f3f3;white-space:normal;vertical-align:bottom;min-width:4.5em;max-width:9em}
 td.l{text-align:left;white-space:normal;min-width:6em;max-width:18em;overflow-wrap:anywhere}
 figure{display:inline-block;margin:6px;max-width:100%}figcaption{font-size:12px;color:#444}
-img{max-width:min(640px,100%)}"""
+img{max-width:min(640px,100%)}p.foot{font-size:12px;margin:4px 0}"""
 
 
 def image_tag(path: Path, alt: str) -> str:
@@ -36,13 +37,16 @@ def html_page(title: str, caption: str, rows: list[dict], cols: list[tuple], fig
            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>{html.escape(caption)}</p>",
            "<div class='scroll'><table><tr>" + "".join(f"<th>{breakable(h)}</th>" for h in head) + "</tr>"]
     for i, r in enumerate(rows):
-        cells = [(html.escape(r["setting"]), "l"), (html.escape(r["method"]), "l"), (str(len(r["seeds"])), ""),
-                 (breakable(f"{r['headline']}: {fmt_stat(r['cells'][r['headline']]['final'], r['headline'])}"), "l")]
+        mark = cell_mark(r)
+        headline = fmt_stat(r["cells"][r["headline"]]["final"], r["headline"], mark=mark)
+        cells = [(html.escape(r["setting"]), "l"), (html.escape(r["method"]), "l"),
+                 (f"{len(r['seeds'])}{row_marks(r)}", ""), (breakable(f"{r['headline']}: {headline}"), "l")]
         for m, s, _ in cols:
             text = html.escape(fmt_stat(r["cells"][m][s], m)) if m in r["cells"] else "—"
-            cells.append((f"<b>{text}</b>" if (i, m, s) in bold else text, ""))
+            cells.append(((f"<b>{text}</b>" if (i, m, s) in bold else text) + (mark if text != "—" else ""), ""))
         out.append("<tr>" + "".join(f"<td class='{c}'>{t}</td>" for t, c in cells) + "</tr>")
     out.append("</table></div>")
+    out += [f"<p class='foot'>{mark} {html.escape(text)}</p>" for mark, text in footnotes(rows)]
     if figures:
         out.append("<h2>Plots</h2>")
         out += [f"<figure>{image_tag(p, name)}<figcaption>{html.escape(name)}</figcaption></figure>"

@@ -1,7 +1,10 @@
 """The report's PNG plots (matplotlib, Agg backend): a sweep's metric against its swept value with the chosen
 point marked, metric vs round per method with a band of ± one sample std over seeds, the distribution of the
 clients' final accuracies per method, and per-client / server traces (lambda_i, beta_i, V_i, ESS) where runs
-log them. Accuracies are drawn in percent, as the tables show them."""
+log them. Accuracies are drawn in percent, as the tables show them, with their bands and error bars clipped to
+0-100 %. Rounds get integer ticks; a curve of one point is a marker with an error bar on an axis a round either
+side. A setting's title names only what tells it apart from the report's other settings (fl/report/groups.py's
+short_settings); its full label is the figure's caption."""
 from __future__ import annotations
 
 import hashlib
@@ -16,13 +19,16 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from fl.report.groups import short_settings  # noqa: E402
 from fl.report.summary import is_percent  # noqa: E402
 
 # per-client traces: client/<i>/<name>; server traces: exact keys. Names are the methods' logged keys.
 CLIENT_TRACES = ("lambda", "beta", "V")
 SERVER_TRACES = ("server/ess", "server/ess_frac", "server/lambda")
 MAX_CLIENT_LINES = 20
+FEW_ROUNDS = 12  # up to this many evaluated rounds, each gets its own tick
 
 
 def file_stem(*parts: str) -> str:
@@ -65,11 +71,43 @@ def _units(key: str) -> tuple[float, str]:
     return (100.0, f"{key} (%)") if is_percent(key) else (1.0, key)
 
 
-def curve_figure(groups: dict, setting: str, key: str, path: Path):
-    """One line per method of `setting`, band = ± std over seeds; None if no run logged `key`."""
+def _spread(key: str, means: list[float], stds: list[float]) -> tuple[list[float], list[float]]:
+    """Lower and upper ends of mean ± std, within the metric's range: an accuracy (shown in %) is in [0, 100]."""
+    low, high = [m - d for m, d in zip(means, stds)], [m + d for m, d in zip(means, stds)]
+    if is_percent(key):
+        low, high = [max(v, 0.0) for v in low], [min(v, 100.0) for v in high]
+    return low, high
+
+
+def _integer_axis(ax, xs: list) -> None:
+    """Integer ticks for rounds (or an integer swept value): each value its own tick when there are few, one
+    round either side of a single one (matplotlib's own margin would be ±5 % of the value: 2.85-3.15)."""
+    xs = sorted(set(xs))
+    if len(xs) <= FEW_ROUNDS:
+        ax.set_xticks(xs)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(xs) == 1:
+        ax.set_xlim(xs[0] - 1, xs[0] + 1)
+
+
+def _mean_line(ax, x: list, mean: list[float], low: list[float], high: list[float], label: str) -> None:
+    """A mean over seeds with its band; a single point as a marker with an error bar (a band of one point is
+    invisible)."""
+    if len(x) == 1:
+        ax.errorbar(x, mean, yerr=[[mean[0] - low[0]], [high[0] - mean[0]]], marker="o", markersize=6, capsize=4,
+                    linestyle="none", label=label)
+        return
+    line, = ax.plot(x, mean, marker="o" if len(x) < 30 else None, markersize=3, label=label)
+    ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+
+
+def curve_plot(groups: dict, setting: str, key: str, title: Optional[str] = None):
+    """The figure of one line per method of `setting`, band = ± std over seeds (clipped to the metric's range);
+    `title`: the setting's name in the title (default: its label). None if no run logged `key`."""
     fig, ax = _figure()
     scale, label = _units(key)
-    drawn = False
+    rounds = []
     for (s, method), runs in groups.items():
         if s != setting:
             continue
@@ -77,20 +115,24 @@ def curve_figure(groups: dict, setting: str, key: str, path: Path):
         if not x:
             continue
         mean, std = [m * scale for m in mean], [d * scale for d in std]
-        line, = ax.plot(x, mean, marker="o" if len(x) < 30 else None, markersize=3,
-                        label=f"{method} (n={len(runs)})")
-        ax.fill_between(x, [m - d for m, d in zip(mean, std)], [m + d for m, d in zip(mean, std)],
-                        color=line.get_color(), alpha=0.2, linewidth=0)
-        drawn = True
-    if not drawn:
+        _mean_line(ax, x, mean, *_spread(key, mean, std), label=f"{method} (n={len(runs)})")
+        rounds += x
+    if not rounds:
         plt.close(fig)
         return None
+    _integer_axis(ax, rounds)
     ax.set_xlabel("round")
     ax.set_ylabel(label)
-    _title(ax, f"{setting}: {key} (mean ± std over seeds)")
+    _title(ax, f"{title or setting}: {key} (mean ± std over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return fig
+
+
+def curve_figure(groups: dict, setting: str, key: str, path: Path, title: Optional[str] = None):
+    """curve_plot saved as `path`; None if no run logged `key`."""
+    fig = curve_plot(groups, setting, key, title)
+    return None if fig is None else _save(fig, path)
 
 
 def client_trace_keys(runs, name: str) -> list[str]:
@@ -112,9 +154,13 @@ def client_trace_figure(runs, title: str, name: str, path: Path):
         for t, v in zip(x, mean):
             per_round.setdefault(t, []).append(v)
         if i < MAX_CLIENT_LINES:
-            ax.plot(x, mean, linewidth=0.8, alpha=0.6, label=key.split("/")[1] if len(keys) <= 10 else None)
+            ax.plot(x, mean, linewidth=0.8, alpha=0.6, marker="o" if len(x) == 1 else None,
+                    label=key.split("/")[1] if len(keys) <= 10 else None)
     xs = sorted(per_round)
-    ax.plot(xs, [statistics.mean(per_round[t]) for t in xs], color="black", linewidth=2, label="mean")
+    ax.plot(xs, [statistics.mean(per_round[t]) for t in xs], color="black", linewidth=2,
+            marker="o" if len(xs) == 1 else None, label="mean")
+    if xs:
+        _integer_axis(ax, xs)
     shown = f" (first {MAX_CLIENT_LINES} of {len(keys)} clients)" if len(keys) > MAX_CLIENT_LINES else ""
     _title(ax, f"{title}: client/<i>/{name}{shown}, mean over {len(runs)} seed(s)")
     ax.set_xlabel("round")
@@ -129,7 +175,7 @@ def final_client_values(runs, name: str) -> list[float]:
     return [points[-1][1] for r in runs for key in client_trace_keys([r], name) if (points := r.series(key))]
 
 
-def client_distribution_figure(groups: dict, setting: str, name: str, path: Path):
+def client_distribution_figure(groups: dict, setting: str, name: str, path: Path, title: Optional[str] = None):
     """One box per method of `setting` over its clients' final client/<i>/<name>, all seeds pooled, with every
     client drawn as a point on top (a box of ten clients hides how they spread); None if no run logged it."""
     data = {method: values for (s, method), runs in groups.items()
@@ -145,7 +191,7 @@ def client_distribution_figure(groups: dict, setting: str, name: str, path: Path
         ax.scatter([i + jitter.uniform(-0.15, 0.15) for _ in vs], vs, s=10, alpha=0.6, zorder=3)
     ax.set_xticks(range(1, len(data) + 1), [textwrap.fill(m, 16) for m in data], fontsize=7)
     ax.set_ylabel(f"final client/<i>/{label}")
-    _title(ax, f"{setting}: clients' final {name} (all clients and seeds)")
+    _title(ax, f"{title or setting}: clients' final {name} (all clients and seeds)")
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, path)
 
@@ -174,9 +220,9 @@ def sweep_points(manifest: dict) -> Optional[tuple[str, dict[str, list[tuple[Any
     return x_key, lines, ((line(best["params"]), best["params"][x_key]) if best else None)
 
 
-def sweep_figure(manifest: dict, path: Path):
-    """The sweep's metric (final value, mean ± std over seeds) against the swept value, the chosen point starred;
-    None when sweep_points has nothing to draw."""
+def sweep_plot(manifest: dict):
+    """The figure of the sweep's metric (final value, mean ± std over seeds, clipped to the metric's range) against
+    the swept value, the chosen point starred; None when sweep_points has nothing to draw."""
     found = sweep_points(manifest)
     if found is None:
         return None
@@ -184,28 +230,44 @@ def sweep_figure(manifest: dict, path: Path):
     metric = manifest.get("metric") or "metric"
     scale, label = _units(metric)
     xs = list(dict.fromkeys(x for pts in lines.values() for x, _, _ in pts))
-    numeric = all(isinstance(x, (int, float)) for x in xs)
+    numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
     position = (lambda x: x) if numeric else xs.index  # categorical values (method.name) at 0, 1, ...
     fig, ax = _figure()
     for name, pts in lines.items():  # categories are not joined by lines: there is nothing between them
-        ax.errorbar([position(x) for x, _, _ in pts], [m * scale for _, m, _ in pts],
-                    yerr=[s * scale for _, _, s in pts], marker="o", markersize=4, capsize=3,
-                    linestyle="-" if numeric else "none", label=name or None)
+        means, stds = [m * scale for _, m, _ in pts], [s * scale for _, _, s in pts]
+        low, high = _spread(metric, means, stds)
+        ax.errorbar([position(x) for x, _, _ in pts], means,
+                    yerr=[[m - lo for m, lo in zip(means, low)], [hi - m for m, hi in zip(means, high)]],
+                    marker="o", markersize=4 if len(pts) > 1 else 6, capsize=3,
+                    linestyle="-" if numeric and len(pts) > 1 else "none", label=name or None)
     if chosen is not None and chosen[0] in lines:
-        y = next(m for x, m, _ in lines[chosen[0]] if x == chosen[1]) * scale
-        ax.plot([position(chosen[1])], [y], marker="*", markersize=16, color="red", linestyle="none", zorder=4,
-                label=" ".join(["chosen:", *([chosen[0]] if chosen[0] else []), f"{x_key}={chosen[1]}"]))
+        y = next((m for x, m, _ in lines[chosen[0]] if x == chosen[1]), None)
+        if y is not None:
+            ax.plot([position(chosen[1])], [y * scale], marker="*", markersize=16, color="red", linestyle="none",
+                    zorder=4, label=" ".join(["chosen:", *([chosen[0]] if chosen[0] else []), f"{x_key}={chosen[1]}"]))
     if numeric and min(xs) > 0 and max(xs) / min(xs) >= 100:  # grids like mu in {0.001, ..., 1}
         ax.set_xscale("log")
+    elif numeric and all(isinstance(x, int) for x in xs):  # local epochs, rounds, clients: no 2.5 ticks
+        _integer_axis(ax, xs)
+    elif numeric and len(xs) == 1:
+        ax.set_xticks(xs)
+        ax.set_xlim(xs[0] - max(abs(xs[0]) / 2, 0.5), xs[0] + max(abs(xs[0]) / 2, 0.5))
     if not numeric:
         ax.set_xticks(range(len(xs)), [textwrap.fill(str(x), 14) for x in xs], fontsize=7)
+        ax.set_xlim(-0.5 - (len(xs) == 1), len(xs) - 0.5 + (len(xs) == 1))
     ax.set_xlabel(x_key)
     ax.set_ylabel(label)
     _title(ax, f"sweep {manifest.get('name', '')}: {metric} (final, mean ± std over seeds; "
                f"goal: {manifest.get('goal', '?')})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return fig
+
+
+def sweep_figure(manifest: dict, path: Path):
+    """sweep_plot saved as `path`; None when there is nothing to draw."""
+    fig = sweep_plot(manifest)
+    return None if fig is None else _save(fig, path)
 
 
 def all_figures(groups: dict, metrics: list[str], folder: Path, sweeps: tuple = ()) -> list[tuple[str, Path]]:
@@ -216,20 +278,21 @@ def all_figures(groups: dict, metrics: list[str], folder: Path, sweeps: tuple = 
         path = sweep_figure(manifest, folder / f"{file_stem('sweep', name, metric)}.png")
         if path is not None:
             figures.append((f"sweep {name}: {metric} against the swept value", path))
-    settings = list(dict.fromkeys(s for s, _ in groups))
-    for setting in settings:
+    titles = short_settings(groups)
+    for setting, title in titles.items():
         for key in metrics + list(SERVER_TRACES):
-            path = curve_figure(groups, setting, key, folder / f"{file_stem(setting, key)}.png")
+            path = curve_figure(groups, setting, key, folder / f"{file_stem(setting, key)}.png", title)
             if path is not None:
                 figures.append((f"{setting}: {key}", path))
         path = client_distribution_figure(groups, setting, "acc",
-                                          folder / f"{file_stem(setting, 'client_distribution', 'acc')}.png")
+                                          folder / f"{file_stem(setting, 'client_distribution', 'acc')}.png", title)
         if path is not None:
             figures.append((f"{setting}: client/<i>/acc, final, per method", path))
     for (setting, method), runs in groups.items():
         for name in CLIENT_TRACES:
             title = f"{setting} / {method}"
-            path = client_trace_figure(runs, title, name, folder / f"{file_stem(title, 'client', name)}.png")
+            path = client_trace_figure(runs, f"{titles[setting]} / {method}", name,
+                                       folder / f"{file_stem(title, 'client', name)}.png")
             if path is not None:
                 figures.append((f"{title}: client/<i>/{name}", path))
     return figures

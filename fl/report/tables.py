@@ -1,68 +1,16 @@
-"""Runs grouped by setting and method, with mean ± std over seeds, as Markdown and LaTeX tables."""
+"""Grouped runs (fl/report/groups.py) as tables: mean ± std over seeds, in Markdown and LaTeX, with footnotes for
+seeds run more than once and for runs that diverged."""
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 from typing import Any, Optional
 
+from fl.report.groups import method_name
+from fl.report.marks import DIVERGED, TEX_MARKS, diverged_facts, footnotes, repeat_facts, row_marks
 from fl.report.runs import Run
 from fl.report.summary import higher_is_better, is_percent
 
 DEFAULT_METRIC = "test/acc_mean_clients"
-# keys that never define a setting or a variant: seeds, paths, logging, devices
-IGNORED = ("seed", "data.partition.seed", "resume", "logger.", "fabric.", "data.root", "data.download",
-           "data.on_device", "trainer.checkpoint_every", "trainer.eval_batch_size", "partition_fingerprint")
-BASE_KEYS = ("data.name", "data.partition.name")  # a setting's dataset/partition: "embedded/dirichlet"
-# FedDRM's FedAvg-FT is FedAvg plus local fine-tuning: a row of its own beside FedAvg, in the same setting column
-FINETUNE = "finetune.after_round"
-
-
-# ---- grouping ----------------------------------------------------------------------------------------
-def _ignored(key: str) -> bool:
-    return key.startswith(IGNORED)
-
-
-def _varying(runs: list[Run], keys_filter) -> list[str]:
-    keys = sorted({k for r in runs for k in r.config if keys_filter(k) and not _ignored(k)})
-    return [k for k in keys if len({json.dumps(r.config.get(k), default=str) for r in runs}) > 1]
-
-
-def _fmt(key: str, value: Any) -> str:
-    short = key.split(".", 1)[1] if key.startswith(("method.", "data.", "trainer.", "optim.", "model.")) else key
-    return f"{short}={value}"
-
-
-def setting_base(run: Run) -> str:
-    return "/".join(str(run.config.get(k, "?")) for k in BASE_KEYS)
-
-
-def label_runs(runs: list[Run]) -> None:
-    """Sets each run's method label (name + hyperparameters that vary among that method's runs + its fine-tuning
-    rounds, so FedAvg-FT is a row beside FedAvg) and setting label (only what differs between settings: the
-    non-method keys that vary among all runs, with the dataset/partition where it varies or nothing else does)."""
-    setting_keys = _varying(runs, lambda k: not k.startswith(("method.", "finetune.")))
-    by_method: dict[str, list[Run]] = {}
-    for r in runs:
-        by_method.setdefault(str(r.config.get("method.name", r.summary.get("method", "?"))), []).append(r)
-    for name, group in by_method.items():
-        keys = _varying(group, lambda k: k.startswith(("method.", "finetune.")) and k not in ("method.name", FINETUNE))
-        for r in group:
-            ft = [f"+finetune after {r.config[FINETUNE]}"] if r.config.get(FINETUNE) is not None else []
-            r.method = " ".join([name] + [_fmt(k, r.config.get(k)) for k in keys] + ft)
-    base_varies = any(k in BASE_KEYS for k in setting_keys)
-    for r in runs:
-        extra = [_fmt(k, r.config.get(k)) for k in setting_keys if k not in BASE_KEYS]
-        r.setting = " ".join(([setting_base(r)] if base_varies or not extra else []) + extra)
-
-
-def group_runs(runs: list[Run]) -> dict[tuple[str, str], list[Run]]:
-    """(setting, method label) -> its runs (one per seed), in a stable order."""
-    label_runs(runs)
-    groups: dict[tuple[str, str], list[Run]] = {}
-    for r in sorted(runs, key=lambda r: (r.setting, r.method, str(r.seed))):
-        groups.setdefault((r.setting, r.method), []).append(r)
-    return groups
 
 
 def setting_headlines(groups: dict) -> dict[str, list[str]]:
@@ -89,13 +37,15 @@ def mean_std(values: list[float]) -> tuple[Optional[float], Optional[float], int
 
 
 def table_rows(groups: dict, metrics: list[str]) -> list[dict]:
-    """One row per (setting, method): seeds, and for each metric final / last-K / best-val statistics."""
+    """One row per (setting, method): seeds, and for each metric final / last-K / best-val statistics; `repeats`
+    and `diverged` hold what the row's marks explain (fl/report/marks.py)."""
     heads = setting_headlines(groups)
     rows = []
     for (setting, method), runs in groups.items():
         headline = runs[0].headline or heads[setting][0]
         row = {"setting": setting, "method": method, "seeds": [r.seed for r in runs], "headline": headline,
-               "last_k": sorted({r.summary.get("last_k") for r in runs}), "cells": {}}
+               "last_k": sorted({r.summary.get("last_k") for r in runs}), "cells": {},
+               "repeats": repeat_facts(runs), "diverged": diverged_facts(runs)}
         for metric in dict.fromkeys([headline] + metrics):
             row["cells"][metric] = {
                 "final": mean_std([r.summary.get("final", {}).get(metric) for r in runs]),
@@ -109,13 +59,18 @@ def table_rows(groups: dict, metrics: list[str]) -> list[dict]:
 def model_selection(groups: dict, val: str = "val/target_acc") -> list[dict]:
     """The papers' model selection over a hyperparameter grid (FedPALS' lambda): for each (setting, method) and
     seed, the variant whose best validation value (`val`) is highest, and its test metrics at that round
-    (summary.json's at_best_val); mean ± std over seeds. Only methods run with several variants that log `val`."""
+    (summary.json's at_best_val); mean ± std over seeds. Only methods run with several variants that log `val`.
+    Runs that diverged are not candidates (the row's `diverged` names them)."""
     by: dict[tuple[str, str], dict[Any, list[Run]]] = {}
+    left_out: dict[tuple[str, str], list[Run]] = {}
     for (setting, _), runs in groups.items():
         for r in runs:
             if val in r.summary.get("best", {}):
-                name = str(r.config.get("method.name", r.summary.get("method", "?")))
-                by.setdefault((setting, name), {}).setdefault(r.seed, []).append(r)
+                key = (setting, method_name(r))
+                if r.diverged:
+                    left_out.setdefault(key, []).append(r)
+                else:
+                    by.setdefault(key, {}).setdefault(r.seed, []).append(r)
     rows = []
     for (setting, name), seeds in by.items():
         if len({r.method for rs in seeds.values() for r in rs}) < 2:
@@ -125,7 +80,9 @@ def model_selection(groups: dict, val: str = "val/target_acc") -> list[dict]:
         keys = sorted({k for a in at.values() for k in a if k.startswith("test/")})
         rows.append({"setting": setting, "method": name, "seeds": sorted(chosen, key=str), "val": val,
                      "chosen": [chosen[seed].method for seed in sorted(chosen, key=str)],
-                     "cells": {k: mean_std([a.get(k) for a in at.values()]) for k in keys}})
+                     "cells": {k: mean_std([a.get(k) for a in at.values()]) for k in keys},
+                     "repeats": repeat_facts([r for rs in seeds.values() for r in rs]),
+                     "diverged": diverged_facts(left_out.get((setting, name), []))})
     return rows
 
 
@@ -148,11 +105,15 @@ def model_selection_table(rows: list[dict]) -> str:
     for i, r in enumerate(rows):
         counts = {v: r["chosen"].count(v) for v in dict.fromkeys(r["chosen"])}
         chosen = ", ".join(f"{v} ({n}x)" for v, n in counts.items())
-        cells = [r["setting"], r["method"], str(len(r["seeds"])),
+        cells = [r["setting"], r["method"], f"{len(r['seeds'])}{row_marks(r)}",
                  *[fmt_stat(r["cells"][k], k, bold=(i, k, None) in bold) if k in r["cells"] else "—" for k in keys],
                  chosen]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _markdown_notes(footnotes(rows, selection=True))) + "\n"
+
+
+def _markdown_notes(notes: list[tuple[str, str]]) -> list[str]:
+    return ["", *[f"{mark} {text}" for mark, text in notes]] if notes else []
 
 
 def _scale(metric: str) -> tuple[float, int]:
@@ -160,8 +121,9 @@ def _scale(metric: str) -> tuple[float, int]:
     return (100.0, 1) if is_percent(metric) else (1.0, 4)
 
 
-def fmt_stat(stat: tuple, metric: str = "", latex: bool = False, bold: bool = False) -> str:
-    """mean ± std of `metric` (accuracies in percent); bold as Markdown's **x** or LaTeX's \\mathbf."""
+def fmt_stat(stat: tuple, metric: str = "", latex: bool = False, bold: bool = False, mark: str = "") -> str:
+    """mean ± std of `metric` (accuracies in percent); bold as Markdown's **x** or LaTeX's \\mathbf; `mark` (a
+    footnote's mark, fl/report/marks.py) after the number."""
     mean, std, n = stat
     if n == 0:
         return "--" if latex else "—"
@@ -169,8 +131,8 @@ def fmt_stat(stat: tuple, metric: str = "", latex: bool = False, bold: bool = Fa
     pm = " \\pm " if latex else " ± "
     text = f"{mean * scale:.{digits}f}" + ("" if std is None else f"{pm}{std * scale:.{digits}f}")
     if latex:
-        return f"$\\mathbf{{{text}}}$" if bold else f"${text}$"
-    return f"**{text}**" if bold else text
+        return (f"$\\mathbf{{{text}}}" if bold else f"${text}") + "".join(f"^{{{TEX_MARKS[m]}}}" for m in mark) + "$"
+    return (f"**{text}**" if bold else text) + mark
 
 
 def cell_stat(row: dict, metric: str, stat: Optional[str] = None) -> Optional[tuple]:
@@ -184,11 +146,13 @@ def cell_stat(row: dict, metric: str, stat: Optional[str] = None) -> Optional[tu
 
 def compared_rows(rows: list[dict]) -> list[list[int]]:
     """The groups of rows a column's best is picked among: the methods of each setting (different data are not
-    compared); when every setting has one row (a sweep over a data or trainer key), the whole column."""
+    compared); when every setting has one row (a sweep over a data or trainer key), the whole column. Rows of
+    runs that diverged are not ranked."""
     by: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
-        by.setdefault(r["setting"], []).append(i)
-    return list(by.values()) if any(len(b) > 1 for b in by.values()) else [list(range(len(rows)))]
+        if not r.get("diverged") or "chosen" in r:  # a model-selection row's diverged runs were left out of it
+            by.setdefault(r["setting"], []).append(i)
+    return list(by.values()) if any(len(b) > 1 for b in by.values()) else [[i for b in by.values() for i in b]]
 
 
 def bold_cells(rows: list[dict], cols: list[tuple[str, Optional[str]]]) -> set[tuple[int, str, Optional[str]]]:
@@ -218,18 +182,25 @@ def columns(rows: list[dict], metrics: list[str]) -> list[tuple[str, str, str]]:
     return cols
 
 
+def cell_mark(row: dict) -> str:
+    """The mark on each value of a row: † on a row of runs that diverged."""
+    return DIVERGED if row.get("diverged") and "chosen" not in row else ""
+
+
 def markdown_table(rows: list[dict], metrics: list[str]) -> str:
+    """The table, then a footnote for each mark it carries."""
     cols = columns(rows, metrics)
     bold = bold_cells(rows, [(m, s) for m, s, _ in cols])
     head = ["setting", "method", "seeds", "headline (final)"] + [c[2] for c in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, r in enumerate(rows):
-        cells = [r["setting"], r["method"], str(len(r["seeds"])),
-                 f"{r['headline']}: {fmt_stat(r['cells'][r['headline']]['final'], r['headline'])}"]
-        cells += [fmt_stat(r["cells"][m][s], m, bold=(i, m, s) in bold) if m in r["cells"] else "—"
+        mark = cell_mark(r)
+        cells = [r["setting"], r["method"], f"{len(r['seeds'])}{row_marks(r)}",
+                 f"{r['headline']}: {fmt_stat(r['cells'][r['headline']]['final'], r['headline'], mark=mark)}"]
+        cells += [fmt_stat(r["cells"][m][s], m, bold=(i, m, s) in bold, mark=mark) if m in r["cells"] else "—"
                   for m, s, _ in cols]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _markdown_notes(footnotes(rows))) + "\n"
 
 
 TEX_ESCAPES = {"\\": "\\textbackslash{}", "_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#", "{": "\\{",
@@ -241,6 +212,7 @@ def _tex(text: str) -> str:
 
 
 def latex_table(rows: list[dict], metrics: list[str]) -> str:
+    """The table (booktabs), then a footnote for each mark it carries."""
     cols = columns(rows, metrics)
     bold = bold_cells(rows, [(m, s) for m, s, _ in cols])
     head = ["Setting", "Method", "$n$", "Headline (final)"] + [_tex(c[2]) for c in cols]
@@ -248,12 +220,15 @@ def latex_table(rows: list[dict], metrics: list[str]) -> str:
              "\\begin{tabular}{" + "ll" + "r" * (len(head) - 2) + "}", "\\toprule",
              " & ".join(head) + " \\\\", "\\midrule"]
     for i, r in enumerate(rows):
-        cells = [_tex(r["setting"]), _tex(r["method"]), str(len(r["seeds"])),
-                 f"{_tex(r['headline'])}: {fmt_stat(r['cells'][r['headline']]['final'], r['headline'], latex=True)}"]
-        cells += [fmt_stat(r["cells"][m][s], m, latex=True, bold=(i, m, s) in bold) if m in r["cells"] else "--"
-                  for m, s, _ in cols]
+        mark, marks = cell_mark(r), row_marks(r)
+        n = str(len(r["seeds"])) + (f"$^{{{''.join(TEX_MARKS[m] for m in marks)}}}$" if marks else "")
+        headline = fmt_stat(r['cells'][r['headline']]['final'], r['headline'], latex=True, mark=mark)
+        cells = [_tex(r["setting"]), _tex(r["method"]), n, f"{_tex(r['headline'])}: {headline}"]
+        cells += [fmt_stat(r["cells"][m][s], m, latex=True, bold=(i, m, s) in bold, mark=mark)
+                  if m in r["cells"] else "--" for m, s, _ in cols]
         lines.append(" & ".join(cells) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
+    lines += [f"\\par{{\\footnotesize ${TEX_MARKS[mark]}$~{_tex(text)}}}" for mark, text in footnotes(rows)]
     return "\n".join(lines) + "\n"
 
 
@@ -261,14 +236,3 @@ def default_metrics(groups: dict, extra: Optional[list[str]] = None) -> list[str
     """The settings' headline metrics, the sweep's metric(s) and the mean client accuracy."""
     heads = setting_headlines(groups)
     return list(dict.fromkeys([m for ms in heads.values() for m in ms] + (extra or []) + [DEFAULT_METRIC]))
-
-
-def load_sweeps(paths: list) -> list[dict]:
-    """The sweep.json of each sweep directory among `paths`: fl.sweep's points (params, per-seed values),
-    metric, goal and best point."""
-    return [json.loads(m.read_text()) for m in (Path(p) / "sweep.json" for p in paths) if m.is_file()]
-
-
-def sweep_metrics(paths: list) -> list[str]:
-    """The metric of each sweep directory among `paths`."""
-    return [s["metric"] for s in load_sweeps(paths) if s.get("metric")]

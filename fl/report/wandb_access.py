@@ -129,9 +129,16 @@ def load_wandb(project: str, filters: Optional[dict] = None, api: Any = None) ->
                 merged.update({jsonl_key(k): v for k, v in row.items() if not k.startswith(("_", "trainer/"))
                                and k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool)})
             history = [rows[k] for k in sorted(rows)]
+            remote_summary = dict(r.summary)
             summary = {**summarize_history(history, int(config.get("trainer.last_k", 5))),
-                       "headline": dict(r.summary).get("headline")}
-            runs.append(Run(r.name, getattr(r, "url", r.name), config, summary, history))
+                       "headline": remote_summary.get("headline")}
+            diverged = remote_summary.get("diverged")  # a nested W&B summary value is a mapping, not a dict
+            if diverged is not None:
+                summary["diverged"] = dict(diverged) if hasattr(diverged, "keys") else diverged
+            finished = remote_summary.get("_timestamp")  # the run's last log, unix seconds: its newest of repeats
+            finished = finished if isinstance(finished, (int, float)) else None
+            runs.append(Run(r.name, getattr(r, "url", r.name), config, summary, history, finished=finished,
+                            finished_from="W&B's last log time" if finished is not None else ""))
     except ReportError:
         raise
     except Exception as err:  # network and permission errors end in one line, not a traceback

@@ -16,10 +16,11 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from fl.core import METHODS
+from fl.report.groups import group_runs
 from fl.report.plots import all_figures
 from fl.report.runs import Run, flatten
 from fl.report.summary import summarize_history
-from fl.report.tables import DEFAULT_METRIC, group_runs
+from fl.report.tables import DEFAULT_METRIC
 from fl.report.wandb_access import local_last_round, wandb_key, wandb_mode
 
 

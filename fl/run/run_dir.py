@@ -8,6 +8,7 @@ import json
 import os
 import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
@@ -100,7 +101,9 @@ def log_partition(data, run_dir: Path, wandb_logger) -> None:
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
-    """summary.json, atomically (a temporary file, then a rename)."""
+    """summary.json, atomically (a temporary file, then a rename), with the time it was written as `finished_at`
+    (UTC, ISO 8601): of identical runs fl.report keeps the newest, and a copy may not keep the file's own time."""
     tmp = run_dir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
+    finished = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    tmp.write_text(json.dumps({**summary, "finished_at": finished}, indent=2))
     tmp.replace(run_dir / "summary.json")
