@@ -6,8 +6,11 @@ whose metrics equal an uninterrupted run's; 1 and 2 processes, and a resume with
 import errno
 import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import torch
 import fl.core.loop as loop_module
 import fl.core.state as state_module
 import tests.keep_momentum  # noqa: F401  (registers method test_keep_momentum)
-from fl.core.state import DiskStateStore, StateStoreError, state_bytes
+from fl.core.state import DiskStateStore, StateStoreError, state_bytes, write_error
 from fl.core.state_lock import NamespaceLock, StateDirInUse, namespace_in_use
 from fl.run.train import main
 from tests.helpers import (
@@ -96,10 +99,16 @@ def test_checkpoints_write_only_what_changed_and_keep_the_last_two(tmp_path):
     store.close()
 
 
-def test_a_resume_missing_state_files_is_one_line(tmp_path):
-    store = DiskStateStore(tmp_path, cache_bytes=0, owns=everyone, run=RUN)
-    with pytest.raises(StateStoreError, match=rf"lacks 1 client state file.*client000004-r000003-{RUN}.pt"):
+@pytest.mark.parametrize("nodes, advice", [(1, "they were deleted or moved: put them back, or start the run again"),
+                                           (2, "resume with the processes and nodes that wrote them, or give every "
+                                               "process a state.dir that holds all of them (a shared filesystem)")])
+def test_a_resume_missing_state_files_is_one_line_with_the_advice_that_fits(tmp_path, nodes, advice):
+    """On one node the files can only have been deleted or moved; across nodes, another node may hold them."""
+    store = DiskStateStore(tmp_path, cache_bytes=0, owns=everyone, run=RUN, nodes=nodes)
+    with pytest.raises(StateStoreError) as err:
         store.load_state_dict({4: {"round": 3, "run": RUN}}, everyone)
+    assert str(err.value) == (f"state.dir {tmp_path} lacks 1 client state file(s) the checkpoint names, e.g. "
+                              f"client000004-r000003-{RUN}.pt: {advice}")
 
 
 def test_a_failed_background_write_waits_for_the_writes_behind_it_before_it_raises(tmp_path, monkeypatch):
@@ -164,7 +173,10 @@ def test_ctrl_c_then_resume_with_the_disk_store_equals_an_uninterrupted_run(out,
     assert same_private_states(client_states(cut), client_states(full))
 
 
-def test_a_full_disk_stops_in_one_line_and_the_last_checkpoint_resumes(out, monkeypatch, capsys):
+@pytest.mark.parametrize("full_as", ["enospc", "torch"])
+def test_a_full_disk_stops_in_one_line_and_the_last_checkpoint_resumes(out, monkeypatch, capsys, full_as):
+    """A full disk as an OSError, and as torch reports it when a write comes up short (`[enforce fail at
+    inline_container.cc] unexpected pos`: torch writing to /dev/full)."""
     extra = ("method.name=ditto", "trainer.rounds=5", "trainer.checkpoint_every=2", DISK)
     full = run_tiny(out, *extra, name="full")
     save, calls = torch.save, []
@@ -173,6 +185,8 @@ def test_a_full_disk_stops_in_one_line_and_the_last_checkpoint_resumes(out, monk
         calls.append(path)
         if len(calls) > 8:  # round 0-1's states and the first checkpoint fit, then the disk is full
             Path(path).write_bytes(b"\x80half")  # what a write cut short leaves
+            if full_as == "torch":
+                return save(obj, "/dev/full", *args, **kwargs)
             raise OSError(errno.ENOSPC, "No space left on device")
         return save(obj, path, *args, **kwargs)
 
@@ -212,8 +226,11 @@ def test_sigkill_inside_a_state_file_write_then_resume_equals_an_uninterrupted_r
     assert res.returncode == -signal.SIGKILL
     killed = out / "outputs" / "killed"
     assert load_ckpt(killed)["round"] == 1 and list((killed / "client_states").glob("*.tmp"))
+    assert [p.name for p in (killed / "client_states").glob("*.lock")] == ["rank0.lock"]  # its holder is dead
     res = run_cli([f"resume={killed}"], cwd=out)
     assert res.returncode == 0, res.stderr[-2000:]
+    assert "notice: took over the stale lock" in res.stderr and "which has ended" in res.stderr
+    assert not list((killed / "client_states").glob("*.lock"))
     assert read_metrics(killed) == read_metrics(out / "outputs" / "full")
     assert same_private_states(client_states(killed), client_states(out / "outputs" / "full"))
 
@@ -230,6 +247,7 @@ def test_two_processes_own_their_clients_and_a_one_process_resume_reads_their_fi
     for c in sa:
         for k, v in sa[c]["private"].items():
             torch.testing.assert_close(sb[c]["private"][k], v, rtol=0, atol=1e-5)
+    assert not list((two / "client_states").glob("*.lock"))  # each process held its own while it ran
     res = run_cli([f"resume={two}", "trainer.rounds=6"], cwd=out)  # 2 processes wrote it, 1 continues
     assert res.returncode == 0, res.stderr[-2000:]
     assert load_ckpt(two)["round"] == 5
@@ -350,7 +368,7 @@ def dead_pid() -> int:
 def write_lock(folder: Path, rank: int, **holder) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"rank{rank}.lock"
-    path.write_text(json.dumps({"host": socket.gethostname(), "run": "", **holder}))
+    path.write_text(json.dumps({"host": socket.gethostname(), **holder}))
     return path
 
 
@@ -423,3 +441,182 @@ def test_a_stale_lock_left_by_a_dead_run_is_taken_over_with_a_notice(out, capsys
     assert main([f"resume={a}", "trainer.rounds=3"]) == 0
     assert "notice: took over the stale lock" in capsys.readouterr().err
     assert not list((a / "client_states").glob("*.lock"))
+
+
+def test_torchs_short_write_reads_as_a_full_disk():
+    with pytest.raises(RuntimeError) as err:
+        torch.save({"w": torch.zeros(1000)}, "/dev/full")  # every write: ENOSPC
+    assert "unexpected pos" in str(err.value)  # what torch says
+    assert write_error(err.value) == "the disk is full (a write came up short)"
+
+
+# ---- damaged state files (issue 26, item 6) --------------------------------------------------------------------------
+def damage(path: Path, how: str, donor: Path | None = None) -> None:
+    """Empty, cut in half, overwritten with bytes that are no torch file, replaced by `donor` (another client's file),
+    or deleted."""
+    if how == "missing":
+        path.unlink()
+        return
+    data = path.read_bytes()
+    path.write_bytes({"empty": b"", "truncated": data[:len(data) // 2], "garbage": bytes(range(256)) * 4,
+                      "another_client": donor.read_bytes() if donor else b""}[how])
+
+
+DAMAGE = ["empty", "truncated", "garbage"]
+WHAT = {"empty": "is empty", "truncated": "is truncated or not a torch file",
+        "garbage": "is truncated or not a torch file", "another_client": "holds client", "missing": "lacks 1"}
+
+
+def checkpoints_of(run: Path) -> tuple[dict, dict]:
+    """The client entries of last.ckpt and previous.ckpt."""
+    return tuple(torch.load(run / "checkpoints" / name, weights_only=False)["clients"]
+                 for name in ("last.ckpt", "previous.ckpt"))
+
+
+@pytest.mark.parametrize("how", [*DAMAGE, "another_client", "missing"])
+def test_a_damaged_state_file_only_last_ckpt_names_falls_back_to_previous_ckpt(out, capsys, how):
+    """As a damaged last.ckpt does: a warning naming the file, then the run continues from previous.ckpt and ends
+    where an uninterrupted run does (the damaged file is written anew when its round is trained again)."""
+    full = run_tiny(out, "method.name=ditto", "trainer.rounds=4", "trainer.checkpoint_every=1", name="full")
+    a = run_tiny(out, "method.name=ditto", "trainer.rounds=3", "trainer.checkpoint_every=1", DISK, name="a")
+    last, previous = checkpoints_of(a)
+    cid, other = [c for c in last if previous.get(c) != last[c] and last[c]["round"] == 2][:2]
+    path = named_file(a / "client_states", cid, 2)
+    damage(path, how, donor=named_file(a / "client_states", other, 2))
+    capsys.readouterr()
+    assert main([f"resume={a}", "trainer.rounds=4"]) == 0
+    err = capsys.readouterr().err
+    what = f"state.dir {a / 'client_states'} lacks 1 client state file(s) the checkpoint names, e.g. {path.name}" if (
+        how == "missing") else f"client state file {path} {WHAT[how]}"
+    assert f"warning: resume from {a / 'checkpoints' / 'last.ckpt'}: {what}" in err
+    assert "; using previous.ckpt instead" in err and "from previous.ckpt, continuing at round 2" in err
+    assert read_metrics(a) == read_metrics(full)
+    assert same_private_states(client_states(a), client_states(full))
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_a_damaged_state_file_both_checkpoints_name_is_one_line_on_resume(out, capsys, how):
+    a = run_tiny(out, "method.name=ditto", "trainer.rounds=3", "trainer.checkpoint_every=1", DISK, name="a")
+    last, previous = checkpoints_of(a)
+    cid = next(c for c in last if previous.get(c) == last[c])  # not trained in the last round
+    path = named_file(a / "client_states", cid, last[cid]["round"])
+    damage(path, how)
+    capsys.readouterr()
+    assert main([f"resume={a}", "trainer.rounds=4"]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"error: resume from {a / 'checkpoints' / 'last.ckpt'}: client state file {path} "
+                           f"{WHAT[how]}")
+    assert line.endswith("; previous.ckpt names it too")
+    assert load_ckpt(a)["round"] == 2
+
+
+MID_RUN = ["empty", "truncated", "garbage", "another_client", "deleted", "state_dir_deleted", "state_dir_a_file"]
+
+
+@pytest.mark.parametrize("how", MID_RUN)
+def test_a_state_file_damaged_mid_run_stops_in_one_line(out, monkeypatch, capsys, how):
+    """After round 0's checkpoint a file it names is damaged or deleted, or the whole state.dir goes: round 1 reads
+    every round-0 state (to train or to evaluate it), and the run stops there in one line (exit 1)."""
+    checkpointed, folder, damaged = DiskStateStore.checkpointed, out / "outputs" / "a" / "client_states", []
+
+    def checkpointed_then_damage(store):
+        checkpointed(store)
+        if damaged:
+            return
+        first, second = sorted(folder.glob("client*.pt"))[:2]
+        damaged.append(first)
+        if how in DAMAGE:
+            damage(first, how)
+        elif how == "another_client":
+            first.write_bytes(second.read_bytes())
+        elif how == "deleted":
+            first.unlink()
+        else:
+            shutil.rmtree(folder)
+            if how == "state_dir_a_file":
+                folder.write_text("not a folder")
+
+    monkeypatch.setattr(DiskStateStore, "checkpointed", checkpointed_then_damage)
+    capsys.readouterr()
+    assert main(tiny(out, "fabric.cpu_threads=1", "logger.run_name=a", "method.name=ditto", "trainer.rounds=3",
+                     "trainer.checkpoint_every=1", DISK)) == 1
+    line = one_error_line(capsys)
+    expected = {"empty": f"client state file {damaged[0]} is empty",
+                "truncated": f"client state file {damaged[0]} is truncated or not a torch file",
+                "garbage": f"client state file {damaged[0]} is truncated or not a torch file",
+                "another_client": f"client state file {damaged[0]} holds client",
+                "deleted": f"client state file {damaged[0]} is missing",
+                "state_dir_deleted": f"state.dir {folder} no longer exists",
+                "state_dir_a_file": f"state.dir {folder} is no longer a directory"}[how]
+    assert line.startswith(f"error: {expected}")
+    assert line.endswith(f"; resume={out / 'outputs' / 'a'} falls back to previous.ckpt if last.ckpt names a damaged "
+                         "file")
+
+
+# ---- two runs at once (processes of their own) ---------------------------------------------------------------------
+def start_paused(out: Path, args: list[str], name: str, go: Path) -> tuple[subprocess.Popen, Path]:
+    """`fl.train args` in a process of its own that stops when round 2 starts (after round 1's checkpoint) until `go`
+    exists; returns the process and the file that says it has stopped there."""
+    paused = out / f"{name}.paused"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FL_TEST_PAUSE_ROUND": "2", "FL_TEST_PAUSED": str(paused),
+           "FL_TEST_GO": str(go)}
+    for key in ("FL_RUN_DIR", "WANDB_SERVICE"):
+        env.pop(key, None)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "pause_at_round.py"), *args,
+                             f"logger.run_name={name}"], cwd=out, env=env, text=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    return proc, paused
+
+
+def wait_for(*paths: Path, procs: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + 240
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [
+            p.stderr.read()[-2000:] for p in procs if p.poll() is not None]
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_two_runs_at_once_with_one_state_dir_end_as_each_does_alone(out):
+    """Both hold their files in the shared state.dir at the same moment (each stopped in round 2 until the other has
+    got there): each ends with the metrics and client states of the same run alone (before namespaces both died
+    with tracebacks, and the first evaluated the other's states)."""
+    common = ("method.name=ditto", "trainer.rounds=4", "trainer.checkpoint_every=1")
+    alone = {seed: run_tiny(out, *common, f"seed={seed}", name=f"alone{seed}") for seed in (0, 1)}
+    go = out / "go"
+    started = {seed: start_paused(out, tiny(out, "fabric.cpu_threads=1", *common, DISK, f"state.dir={out / 'shared'}",
+                                            f"seed={seed}"), f"s{seed}", go) for seed in (0, 1)}
+    procs = [proc for proc, _ in started.values()]
+    wait_for(*(paused for _, paused in started.values()), procs=procs)
+    go.touch()
+    for proc in procs:
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
+    for seed in (0, 1):
+        run = out / "outputs" / f"s{seed}"
+        assert read_metrics(run) == read_metrics(alone[seed])
+        assert same_private_states(client_states(run, out / "shared"), client_states(alone[seed]))
+    assert not list((out / "shared").rglob("*.lock"))
+
+
+@pytest.mark.slow
+def test_resuming_a_run_that_is_still_going_is_refused_and_the_run_ends_as_it_would_have(out):
+    """resume=RUN while RUN still runs (it looks dead, it is not): one line naming the live process, exit 2, nothing
+    of RUN touched; RUN then ends where it would have."""
+    args = tiny(out, "fabric.cpu_threads=1", "method.name=ditto", "trainer.rounds=4", "trainer.checkpoint_every=1",
+                DISK)
+    full = run_tiny(out, "method.name=ditto", "trainer.rounds=4", "trainer.checkpoint_every=1", name="full")
+    go = out / "go"
+    proc, paused = start_paused(out, args, "a", go)
+    wait_for(paused, procs=[proc])
+    a = out / "outputs" / "a"
+    before = {p: p.read_bytes() for p in a.rglob("*") if p.is_file()}
+    second = run_cli([f"resume={a}"], cwd=out)
+    assert second.returncode == 2, second.stderr[-2000:]
+    err = second.stderr.strip().splitlines()
+    assert len(err) == 1 and f"state.dir {a / 'client_states'} is in use by another run (pid {proc.pid} on this " \
+        "host" in err[0]
+    assert {p: p.read_bytes() for p in a.rglob("*") if p.is_file()} == before
+    go.touch()
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
+    assert read_metrics(a) == read_metrics(full)
+    assert same_private_states(client_states(a), client_states(full))

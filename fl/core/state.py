@@ -322,7 +322,7 @@ def make_state_store(cfg, fabric: Fabric, run_dir: Path, owns: Callable[[int], b
         return ClientStateStore()
     folder = namespace_dir(cfg.state.dir, run_dir)
     run = fabric.broadcast(new_run_id() if fabric.global_rank == 0 else None, src=0)
-    lock, problem, notice = NamespaceLock(folder, fabric.global_rank, run), None, None
+    lock, problem, notice = NamespaceLock(folder, fabric.global_rank), None, None
     try:
         check_writable(folder)
         notice = lock.acquire()

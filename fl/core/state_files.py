@@ -13,6 +13,7 @@ import errno
 import os
 import re
 import uuid
+import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -90,12 +91,20 @@ def _load(path: Path, mmap: bool) -> Any:
     try:
         if path.stat().st_size == 0:
             raise StateFileError(f"client state file {path} is empty")
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except FileNotFoundError:
+        if mmap:
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception:  # say what a plain read says (it fails as early, on the zip's directory)
+                pass
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (FileNotFoundError, NotADirectoryError):
         raise StateFileError(folder_problem(path.parent) or f"client state file {path} is missing") from None
     except StateFileError:
         raise
-    except Exception as err:  # truncated, garbage or not a torch file: whatever the unpickler says, one line
+    except Exception as err:  # truncated, garbage or not a torch file: one line
+        if not zipfile.is_zipfile(path):  # torch's own words for it vary with the size ("Invalid argument", ...)
+            raise StateFileError(f"client state file {path} is truncated or not a torch file "
+                                 f"({path.stat().st_size} bytes)") from None
         raise StateFileError(f"client state file {path} cannot be read ({type(err).__name__}: "
                              f"{(str(err).splitlines() or [''])[0][:120]})") from None
 

@@ -2,7 +2,7 @@
 processes of one run share the namespace, each with its own lock; a second run has a rank 0 too, and is refused).
 
 The lock is an advisory `flock` on the file, which the operating system drops when its process dies, and the file
-names its holder (pid, host, run id) for the messages. Released at the end of a run, the file is deleted, so a lock
+names its holder (pid, host) for the messages. Released at the end of a run, the file is deleted, so a lock
 file that outlives its process is stale: on the same host the next run takes it over with a notice. One left by a
 process on another host cannot be checked from here: the run is refused, and the message says which file to delete
 once no run uses it."""
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import socket
@@ -18,6 +17,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fl.core.state_files import StateStoreError
+
+try:
+    import fcntl
+except ImportError:  # no flock on this platform: a lock goes by the pid it names
+    fcntl = None
 
 UNSUPPORTED = (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)  # a file system without flock
 
@@ -38,7 +42,7 @@ def _describe(holder: Optional[dict[str, Any]]) -> str:
     if holder is None:
         return "a holder it does not name"
     where = "this host" if holder["host"] == socket.gethostname() else f"host {holder['host']}"
-    return f"pid {holder['pid']} on {where}" + (f", run {holder['run']}" if holder.get("run") else "")
+    return f"pid {holder['pid']} on {where}"
 
 
 def _alive(pid: int) -> bool:
@@ -61,10 +65,12 @@ def _elsewhere(folder: Path, path: Path, holder: dict[str, Any]) -> StateDirInUs
                          f"here: if no run uses it there, delete {path}")
 
 
-def _try_flock(fd: int, mode: int) -> Optional[bool]:
-    """True: locked; False: another process holds it; None: this file system has no flock."""
+def _try_flock(fd: int, exclusive: bool) -> Optional[bool]:
+    """True: locked; False: another process holds it; None: no flock here (platform or file system)."""
+    if fcntl is None:
+        return None
     try:
-        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         return True
     except BlockingIOError:
         return False
@@ -75,10 +81,9 @@ def _try_flock(fd: int, mode: int) -> Optional[bool]:
 
 
 class NamespaceLock:
-    def __init__(self, folder: Path, rank: int, run: str = "") -> None:
+    def __init__(self, folder: Path, rank: int) -> None:
         self.folder = Path(folder)
         self.path = self.folder / f"rank{rank}.lock"
-        self.run = run
         self._fd: Optional[int] = None
 
     def acquire(self) -> Optional[str]:
@@ -86,7 +91,7 @@ class NamespaceLock:
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                locked = _try_flock(fd, fcntl.LOCK_EX)
+                locked = _try_flock(fd, exclusive=True)
                 holder = _holder(os.read(fd, 4096).decode(errors="replace"))
                 if locked is False:
                     raise _in_use(self.folder, self.path, holder)
@@ -98,7 +103,7 @@ class NamespaceLock:
                     os.close(fd)
                     continue
                 stale = self._judge(holder, locked)
-                me = {"pid": os.getpid(), "host": socket.gethostname(), "run": self.run}
+                me = {"pid": os.getpid(), "host": socket.gethostname()}
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, json.dumps(me).encode(), 0)
             except BaseException:
@@ -137,7 +142,7 @@ def namespace_in_use(folder: Path) -> Optional[str]:
         except OSError:
             continue
         try:
-            locked = _try_flock(fd, fcntl.LOCK_SH)
+            locked = _try_flock(fd, exclusive=False)
             holder = _holder(os.read(fd, 4096).decode(errors="replace"))
         finally:
             os.close(fd)

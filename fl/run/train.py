@@ -130,7 +130,9 @@ def restore_with_fallback(fabric: Fabric, cfg: DictConfig, orch, resume):
     try:
         orch.restore(candidate[1], candidate[0])
     except StateStoreError as err:
-        raise StateStoreError(f"{first}; nor from {candidate[0].name}: {err}") from None
+        same = str(first).endswith(f": {err}")  # the file both name
+        raise StateStoreError(f"{first}; {candidate[0].name} names it too" if same else
+                              f"{first}; nor from {candidate[0].name}: {err}") from None
     return candidate[0], candidate[1], [*skipped, str(first)]
 
 
