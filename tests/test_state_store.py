@@ -2,7 +2,10 @@
 incremental checkpoints that write only the states changed since the last one and keep the files the last two
 checkpoints name; runs bitwise identical to the in-memory store (Ditto's personal models, SCAFFOLD's control
 variates, kept momentum); Ctrl-C, SIGKILL (also inside a state file's write) and a full disk leave a resumable run
-whose metrics equal an uninterrupted run's; 1 and 2 processes, and a resume with another number of processes."""
+whose metrics equal an uninterrupted run's; 1 and 2 processes, and a resume with another number of processes. Each
+run's files in a namespace of its own, stamped with its run id and checked when read; one live run per namespace
+(locks); damaged, missing or foreign files and a vanished state.dir in one line, and resume falling back to
+previous.ckpt."""
 import errno
 import json
 import os
