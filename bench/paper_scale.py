@@ -256,8 +256,8 @@ def store_bytes(store, num_clients: int) -> tuple[int, int]:
     held = store.state_dict()
     if isinstance(store, ClientStateStore):
         now = sum(state_bytes(s) for s in held.values())
-    else:  # the disk-backed store: one file per client, held maps each to its round
-        now = sum(store.path(cid, rnd).stat().st_size for cid, rnd in held.items())
+    else:  # the disk-backed store: one file per client, held names each one's round
+        now = sum(store.path(cid, named["round"]).stat().st_size for cid, named in held.items())
     return now, now * num_clients // len(held) if held else 0
 
 

@@ -101,11 +101,21 @@ def load_ckpt(run_dir: Path) -> dict:
 
 
 def client_states(run_dir: Path, state_dir: Path | None = None) -> dict:
-    """The checkpoint's client states: in it (state.cache_mb=null), or read from the files it names."""
+    """The checkpoint's client states: in it (state.cache_mb=null), or read from the files it names in the run's
+    namespace of `state_dir` (state.dir; None: the run directory's client_states/)."""
+    from fl.core.state_files import namespace_dir
+
     clients = load_ckpt(run_dir)["clients"]
-    folder = state_dir or run_dir / "client_states"
-    return {cid: torch.load(folder / f"client{cid:06d}-r{s['round']:06d}.pt", weights_only=True)
-            if set(s) == {"round"} else s for cid, s in clients.items()}
+    return {cid: state_file(namespace_dir(state_dir and str(state_dir), run_dir), cid, s)
+            if set(s) == {"round", "run"} else s for cid, s in clients.items()}
+
+
+def state_file(folder: Path, cid: int, named: dict):
+    """The state in client cid's file in `folder` that a checkpoint's entry ({"round", "run"}) names."""
+    from fl.core.state_files import file_name, identity, read_state_file
+
+    return read_state_file(folder / file_name(cid, named["round"], named["run"]), identity(cid, named["round"],
+                                                                                          named["run"]))
 
 
 def global_params(run_dir: Path) -> dict:

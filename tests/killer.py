@@ -19,11 +19,12 @@ def train_client_then_die(self, rnd, cid):
     return _train_client(self, rnd, cid)
 
 
-def write_half_then_die(self, path, client_state):
-    if path.name.endswith(f"-r{int(KILL_WRITE_ROUND):06d}.pt"):
+def write_half_then_die(self, cid, rnd, client_state):
+    if rnd == int(KILL_WRITE_ROUND):
+        path = self.path(cid, rnd)
         path.with_name(path.name + ".tmp").write_bytes(b"\x80\x02half a state")
         os.kill(os.getpid(), signal.SIGKILL)
-    return _write_file(self, path, client_state)
+    return _write_file(self, cid, rnd, client_state)
 
 
 if KILL_ROUND is not None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fl.run.train import main
-from tests.helpers import ROOT, assert_same_rows, client_states, load_ckpt, read_metrics, run_cli, tiny
+from tests.helpers import ROOT, assert_same_rows, client_states, load_ckpt, read_metrics, run_cli, state_file, tiny
 
 STATEFUL = ("method.name=ditto", "data.num_clients=7", "trainer.participation=0.6", "trainer.rounds=4",
             "trainer.checkpoint_every=1", "state.cache_mb=0.001", "fabric.cpu_threads=1")
@@ -69,9 +69,8 @@ def assert_same_run(one: Path, out: Path) -> None:
     assert_same_rows(read_metrics(one), read_metrics(run_dir(out, 0)), abs=1e-5)
     reference, named = client_states(one), load_ckpt(run_dir(out, 0))["clients"]
     for cid, state in reference.items():
-        node = cid % 2
-        mine = torch.load(out / f"node{node}" / "states" / f"client{cid:06d}-r{named[cid]['round']:06d}.pt",
-                          weights_only=True)
+        node = cid % 2  # its namespace on that node: <state.dir>/<run name>
+        mine = state_file(out / f"node{node}" / "states" / "run", cid, named[cid])
         for k, v in state["private"].items():
             torch.testing.assert_close(mine["private"][k], v, rtol=0, atol=1e-5)
 

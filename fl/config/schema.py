@@ -211,8 +211,8 @@ class StateConfig:
     cache_mb: Optional[float] = param(None, ge=0, help="null: every client state in memory; a number: client states "
                                       "on disk (state.dir), one file per client, behind an LRU cache of this many MiB "
                                       "per process, with incremental checkpoints")
-    dir: Optional[str] = param(None, help="where the client state files go (state.cache_mb set); default: "
-                               "<run dir>/client_states")
+    dir: Optional[str] = param(None, help="where the client state files go (state.cache_mb set), each run in a "
+                               "folder of its own, <state.dir>/<run name>; default: <run dir>/client_states")
 
 
 @dataclass

@@ -106,8 +106,7 @@ class Orchestrator:
         self.cfg = cfg
         self.fabric = fabric
         self.server = server
-        state_dir = Path(cfg.state.dir) if cfg.state.dir else run_dir / "client_states"
-        self.store = make_state_store(cfg.state.cache_mb, state_dir, self.owns)
+        self.store = make_state_store(cfg, fabric, run_dir, self.owns)  # locked for this run until store.close()
         self.history: list[dict] = []
         self.start_round = 0
         self.evaluators = enabled_evaluators(cfg)

@@ -2,12 +2,12 @@
 
 Each process keeps the states of the clients it owns (client cid belongs to process cid % world_size, the one
 that trains and evaluates it), either all in memory (`ClientStateStore`, `state.cache_mb=null`) or on disk, one
-file per client and version, behind an LRU cache of `state.cache_mb` (`DiskStateStore`)."""
+file per client and version in the run's own namespace of state.dir, behind an LRU cache of `state.cache_mb`
+(`DiskStateStore`)."""
 from __future__ import annotations
 
-import errno
 import os
-import re
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,10 +17,20 @@ from typing import Any, Optional
 import torch
 from lightning.fabric import Fabric
 
-
-class StateStoreError(RuntimeError):
-    """The state directory cannot be written (permissions, a full disk): the run stops, its last checkpoint
-    stays resumable."""
+from fl.core.exchange import gather_objects
+from fl.core.state_files import (
+                                 FILE,
+                                 StateFileError,
+                                 StateStoreError,
+                                 file_name,
+                                 identity,
+                                 namespace_dir,
+                                 new_run_id,
+                                 read_state_file,
+                                 write_error,
+                                 write_state_file,
+)
+from fl.core.state_lock import NamespaceLock, StateDirInUse, namespace_in_use
 
 
 def state_bytes(obj: Any) -> int:
@@ -32,13 +42,6 @@ def state_bytes(obj: Any) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(state_bytes(v) for v in obj)
     return 0
-
-
-def write_error(err: BaseException) -> str:
-    """Why a write failed, in a few words."""
-    if isinstance(err, OSError) and err.errno == errno.ENOSPC or "No space left" in str(err):
-        return "the disk is full"
-    return getattr(err, "strerror", None) or (str(err).splitlines() or [type(err).__name__])[0]
 
 
 def check_writable(directory: Path) -> None:
@@ -106,26 +109,35 @@ class ClientStateStore:
         pass
 
 
-FILE = re.compile(r"client(\d+)-r(-?\d+)\.pt")
-
-
 class DiskStateStore:
-    """Client states on disk, one immutable file per client and round (`client<cid>-r<round>.pt`), behind an LRU
-    cache of at most `cache_bytes` (the state just stored may go straight to disk when it alone exceeds it).
+    """Client states on disk, one immutable file per client and round in the run's namespace (`directory`; names and
+    contents in fl/core/state_files.py), behind an LRU cache of at most `cache_bytes` (the state just stored may go
+    straight to disk when it alone exceeds it).
 
-    - get: from the cache, else from the file (read ahead by `prefetch` in a background thread).
+    - get: from the cache, else from the file (read ahead by `prefetch` in a background thread), refused when the
+      file is not the one named (run, client, round).
     - update: the round's new states enter the cache unwritten; one evicted unwritten is written then.
-    - state_dict (a checkpoint): writes the unwritten states and returns {cid: {"round": r}}: only the states
-      changed since the previous checkpoint are written, and the files it names exist before the checkpoint
+    - state_dict (a checkpoint): writes the unwritten states and returns {cid: {"round": r, "run": run id}}: only the
+      states changed since the previous checkpoint are written, and the files it names exist before the checkpoint
       that names them does (the checkpoint file itself is written last, atomically).
-    - checkpointed: deletes the files neither the current state, this checkpoint nor the one before
-      (previous.ckpt, the fallback) names.
-    Files are written to a temporary name and renamed, so a kill never leaves a half file under a real name."""
+    - load_state_dict (a resume): checks that every file the checkpoint names for this process is there and is the
+      one it names (read without its tensors), agreeing with the other processes (`agree`: every process's
+      problem or None), so all of them stop or none does.
+    - checkpointed: deletes the files of this run (its run id, clients this process owns) that neither the current
+      state, this checkpoint nor the one before (previous.ckpt, the fallback) names; other runs' files stay.
+    Files are written to a temporary name and renamed, so a kill never leaves a half file under a real name.
+    `nodes`: the run's fabric.num_nodes, for the advice when files are missing; `lock`: released by close()."""
 
-    def __init__(self, directory: Path, cache_bytes: int, owns: Callable[[int], bool]) -> None:
+    def __init__(self, directory: Path, cache_bytes: int, owns: Callable[[int], bool], run: Optional[str] = None,
+                 nodes: int = 1, lock: Optional[NamespaceLock] = None,
+                 agree: Callable[[Any], list[Any]] = lambda problem: [problem]) -> None:
         self.dir = Path(directory)
         self.cache_bytes = int(cache_bytes)
         self.owns = owns
+        self.run = run or new_run_id()
+        self.nodes = nodes
+        self.lock = lock
+        self.agree = agree
         check_writable(self.dir)
         self._cache: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._sizes: dict[int, int] = {}
@@ -140,7 +152,7 @@ class DiskStateStore:
         self.files_written = 0  # for benchmarks and tests
 
     def path(self, cid: int, rnd: int) -> Path:
-        return self.dir / f"client{cid:06d}-r{rnd:06d}.pt"
+        return self.dir / file_name(cid, rnd, self.run)
 
     # ---- the store ------------------------------------------------------------------------------
     def get(self, cid: int) -> Optional[dict[str, Any]]:
@@ -164,7 +176,7 @@ class DiskStateStore:
         """Client cid's state after round rnd, written to its file in the background while the next client trains
         (at most two writes wait, so memory stays bounded); `get` and checkpoints see it after `commit(rnd)`."""
         self._wait(self._writes[:-1])  # bound the states waiting to be written
-        self._writes.append((cid, self._writer.submit(self._write_file, self.path(cid, rnd), state)))
+        self._writes.append((cid, self._writer.submit(self._write_file, cid, rnd, state)))
 
     def commit(self, rnd: int) -> None:
         writes, self._writes = self._writes, []
@@ -185,37 +197,67 @@ class DiskStateStore:
         return self._used
 
     # ---- checkpoints ----------------------------------------------------------------------------
-    def state_dict(self) -> dict[int, dict[str, int]]:
+    def state_dict(self) -> dict[int, dict[str, Any]]:
         for cid in sorted(self._unwritten):
             self._write(cid, self._cache[cid])
         self._unwritten.clear()
-        return {cid: {"round": r} for cid, r in sorted(self._round.items())}
+        return {cid: {"round": r, "run": self.run} for cid, r in sorted(self._round.items())}
 
-    def load_state_dict(self, states: dict[int, dict[str, int]], owns: Callable[[int], bool]) -> None:
-        self._reset()
+    def load_state_dict(self, states: dict[int, dict[str, Any]], owns: Callable[[int], bool]) -> None:
         mine = {cid: int(s["round"]) for cid, s in states.items() if owns(cid)}
-        missing = [cid for cid, r in mine.items() if not self.path(cid, r).is_file()]
-        if missing:
-            raise StateStoreError(
-                f"state.dir {self.dir} lacks {len(missing)} client state file(s) the checkpoint names, e.g. "
-                f"{self.path(missing[0], mine[missing[0]]).name}: resume with the processes and nodes that wrote "
-                "them, or give every process a state.dir that holds all of them (a shared filesystem)")
+        run, problem = self.run, None
+        try:
+            run = self._run_named(states)
+            self._check_files(mine, run)
+        except StateStoreError as err:
+            problem = str(err)
+        problems = [p for p in self.agree(problem) if p]
+        if problems:
+            raise StateStoreError(problems[0])
+        self._reset()
+        self.run = run
         self._round = dict(mine)
         self._kept = [dict(mine), {}]
 
     def checkpointed(self) -> None:
         self._kept = [dict(self._round), self._kept[0]]
         keep = {(cid, r) for names in (self._round, *self._kept) for cid, r in names.items()}
-        for path in self.dir.glob("client*-r*.pt"):
+        for path in self.dir.glob(f"client*-r*-{self.run}.pt"):
             match = FILE.fullmatch(path.name)
-            if match and self.owns(int(match[1])) and (int(match[1]), int(match[2])) not in keep:
+            if match and match[3] == self.run and self.owns(cid := int(match[1])) and (cid, int(match[2])) not in keep:
                 path.unlink(missing_ok=True)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._writer.shutdown(wait=True, cancel_futures=True)
+        if self.lock is not None:
+            self.lock.release()
 
     # ---- internals ------------------------------------------------------------------------------
+    def _run_named(self, states: dict[int, dict[str, Any]]) -> str:
+        """The run whose files a checkpoint names (this store's own when it names none)."""
+        runs = {s.get("run") for s in states.values()}
+        if None in runs:
+            raise StateStoreError("the checkpoint names client state files without a run identity (written before "
+                                  "fl kept each run's files apart): finish that run with the fl version that wrote "
+                                  "it, or start it again")
+        if len(runs) > 1:
+            raise StateStoreError(f"the checkpoint names client state files of {len(runs)} runs "
+                                  f"({', '.join(sorted(runs))}); it was edited or assembled from several runs")
+        return runs.pop() if runs else self.run
+
+    def _check_files(self, mine: dict[int, int], run: str) -> None:
+        """Every file in `mine` ({cid: round}) is there and holds what its name says, or StateStoreError."""
+        missing = [cid for cid, r in mine.items() if not (self.dir / file_name(cid, r, run)).is_file()]
+        if missing:
+            advice = ("resume with the processes and nodes that wrote them, or give every process a state.dir that "
+                      "holds all of them (a shared filesystem)") if self.nodes > 1 else (
+                      "they were deleted or moved: put them back, or start the run again")
+            raise StateFileError(f"state.dir {self.dir} lacks {len(missing)} client state file(s) the checkpoint "
+                                 f"names, e.g. {file_name(missing[0], mine[missing[0]], run)}: {advice}")
+        for cid, r in sorted(mine.items()):
+            read_state_file(self.dir / file_name(cid, r, run), identity(cid, r, run), header_only=True)
+
     def _reset(self) -> None:
         writes, self._writes = self._writes, []
         self._wait(writes)
@@ -262,27 +304,50 @@ class DiskStateStore:
             raise failed
 
     def _read(self, cid: int, rnd: int) -> dict[str, Any]:
-        return torch.load(self.path(cid, rnd), map_location="cpu", weights_only=True)
+        return read_state_file(self.path(cid, rnd), identity(cid, rnd, self.run))
 
     def _write(self, cid: int, state: dict[str, Any]) -> None:
-        self._write_file(self.path(cid, self._round[cid]), state)
+        self._write_file(cid, self._round[cid], state)
 
-    def _write_file(self, path: Path, state: dict[str, Any]) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            torch.save(state, tmp)
-            os.replace(tmp, path)
-        except (OSError, RuntimeError) as err:  # torch wraps a full disk in a RuntimeError
-            tmp.unlink(missing_ok=True)
-            raise StateStoreError(f"cannot write client state to state.dir {self.dir}: {write_error(err)}") from None
+    def _write_file(self, cid: int, rnd: int, state: dict[str, Any]) -> None:
+        write_state_file(self.path(cid, rnd), state, identity(cid, rnd, self.run))
         self.files_written += 1
 
 
-def make_state_store(cache_mb: Optional[float], directory: Path, owns: Callable[[int], bool]):
-    """The store `state.cache_mb` asks for: null = everything in memory, else on disk behind that cache."""
-    if cache_mb is None:
+def make_state_store(cfg, fabric: Fabric, run_dir: Path, owns: Callable[[int], bool]):
+    """The store `state.cache_mb` asks for: null = everything in memory, else on disk behind that cache, in the run's
+    namespace (fl/core/state_files.py), which each process locks for the run (fl/core/state_lock.py). A fresh run's
+    id is rank 0's, broadcast; a resume takes the checkpoint's. The processes agree, so all of them stop or none."""
+    if cfg.state.cache_mb is None:
         return ClientStateStore()
-    return DiskStateStore(directory, int(cache_mb * 2**20), owns)
+    folder = namespace_dir(cfg.state.dir, run_dir)
+    run = fabric.broadcast(new_run_id() if fabric.global_rank == 0 else None, src=0)
+    lock, problem, notice = NamespaceLock(folder, fabric.global_rank), None, None
+    try:
+        check_writable(folder)
+        notice = lock.acquire()
+    except StateStoreError as err:
+        problem = (isinstance(err, StateDirInUse), str(err))
+    problems = [p for p in gather_objects(fabric, problem) if p]
+    if problems:
+        lock.release()
+        in_use, message = problems[0]
+        raise (StateDirInUse if in_use else StateStoreError)(message)
+    if notice:
+        print(notice, file=sys.stderr)
+    return DiskStateStore(folder, int(cfg.state.cache_mb * 2**20), owns, run, nodes=int(cfg.fabric.num_nodes),
+                          lock=lock, agree=lambda obj: gather_objects(fabric, obj))
+
+
+def check_state_dir(state_dir: Optional[str], run_dir: Optional[Path]) -> None:
+    """Before a run with state.cache_mb writes anything: state.dir can be written, and no live run holds the namespace
+    this run will use (`run_dir`: its run directory, where known before it is created)."""
+    if state_dir:
+        check_writable(Path(state_dir))
+    if run_dir is not None:
+        problem = namespace_in_use(namespace_dir(state_dir, run_dir))
+        if problem:
+            raise StateDirInUse(problem)
 
 
 CHECKPOINT_NAMES = ("last.ckpt", "previous.ckpt")  # newest first: resume falls back to the one before

@@ -64,6 +64,19 @@ def launched_run_dir(cfg: DictConfig) -> Path | None:
     return run_dir
 
 
+def planned_run_dir(cfg: DictConfig, named: Path | None = None) -> Path | None:
+    """The run directory this process will use, where it is known before it is created (resume=, a launched rank's,
+    torchrun's or srun's `named` one, or logger.run_name's while no run holds it); None when its name is drawn at
+    creation."""
+    if os.environ.get(RUN_DIR_ENV):
+        return Path(os.environ[RUN_DIR_ENV])
+    if cfg.resume or named is not None:
+        return Path(cfg.resume or named)
+    if cfg.logger.run_name and not (Path(cfg.logger.output_dir) / cfg.logger.run_name).exists():
+        return Path(cfg.logger.output_dir) / cfg.logger.run_name
+    return None
+
+
 def prepare_run_dir(cfg: DictConfig, named: Path | None = None) -> Path:
     """The parent process creates the run directory and writes config.yaml; launched ranks reuse it. `named`:
     the directory of `launched_run_dir`, which every process started by torchrun or srun creates on its node."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -17,14 +18,21 @@ from omegaconf import DictConfig
 from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
 from fl.core.exchange import gather_objects
-from fl.core.state import StateStoreError, check_writable
+from fl.core.state import (
+                           CHECKPOINT_NAMES,
+                           StateDirInUse,
+                           StateFileError,
+                           StateStoreError,
+                           check_state_dir,
+                           read_checkpoint,
+)
 from fl.data import DataError, build_data
 from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
 from fl.run.cli_help import USAGE, list_items, method_help
 from fl.run.loggers import JsonlLogger, make_wandb_logger
 from fl.run.progress import RoundProgress, format_summary, round_label
-from fl.run.run_dir import RUN_DIR_ENV, launched_run_dir, log_partition, prepare_run_dir, write_summary
+from fl.run.run_dir import RUN_DIR_ENV, launched_run_dir, log_partition, planned_run_dir, prepare_run_dir, write_summary
 
 
 def _fail(message: str, code: int) -> int:
@@ -101,6 +109,33 @@ def resume_on_every_node(fabric: Fabric, cfg: DictConfig, resume):
     return resume
 
 
+def restore_with_fallback(fabric: Fabric, cfg: DictConfig, orch, resume):
+    """Restores `resume` (path, state, problems skipped) into the orchestrator; when a client state file it names is
+    missing or damaged, previous.ckpt instead (as a damaged last.ckpt falls back), with a warning. Returns what was
+    restored; raises the first problem when neither can be used."""
+    path, state, skipped = resume
+    try:
+        orch.restore(state, path)
+        return resume
+    except StateStoreError as err:
+        first = StateStoreError(f"resume from {path}: {err}")
+    older = Path(cfg.resume) / "checkpoints" / CHECKPOINT_NAMES[1]
+    try:
+        candidate = (older, read_checkpoint(older), []) if path.name != older.name and older.is_file() else None
+    except CheckpointError:
+        candidate = None
+    candidate = resume_on_every_node(fabric, cfg, candidate)  # rank 0's decides, on every node
+    if candidate is None:
+        raise first
+    try:
+        orch.restore(candidate[1], candidate[0])
+    except StateStoreError as err:
+        same = str(first).endswith(f": {err}")  # the file both name
+        raise StateStoreError(f"{first}; {candidate[0].name} names it too" if same else
+                              f"{first}; nor from {candidate[0].name}: {err}") from None
+    return candidate[0], candidate[1], [*skipped, str(first)]
+
+
 def make_fabric(cfg: DictConfig, callbacks: list, loggers: list) -> Fabric:
     f = cfg.fabric
     precision = {"32": "32-true", "64": "64-true"}.get(str(f.precision), f.precision)
@@ -139,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         return printed
     owns_env = RUN_DIR_ENV not in os.environ
     try:
-        return _run(argv)
+        with ExitStack() as cleanup:
+            return _run(argv, cleanup)
     except KeyboardInterrupt:  # before the first round (data, model, launch): nothing to keep
         print("\ninterrupted", file=sys.stderr)
         return 130
@@ -148,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.pop(RUN_DIR_ENV, None)
 
 
-def _run(argv: list[str]) -> int:
+def _run(argv: list[str], cleanup: ExitStack) -> int:
     try:
         cfg = load_config(argv)
         data = build_data(cfg)
@@ -157,8 +193,6 @@ def _run(argv: list[str]) -> int:
         if wandb_mode(cfg.logger.wandb.mode) == "online" and not has_wandb_key():
             raise ConfigError("logger.wandb.mode=online needs a W&B API key (wandb login, or WANDB_API_KEY); "
                               "use logger.wandb.mode=offline (or auto) to log locally and `wandb sync` later")
-        if cfg.state.cache_mb is not None and cfg.state.dir:  # before anything is written
-            check_writable(Path(cfg.state.dir))
         server = METHODS[cfg.method.name].server_cls(cfg)
         try:  # Fabric validates accelerator / devices / strategy before anything is written
             make_fabric(cfg, [], [])
@@ -167,7 +201,9 @@ def _run(argv: list[str]) -> int:
             raise ConfigError(f"fabric.accelerator={f.accelerator!r} fabric.devices={f.devices!r} "
                               f"fabric.strategy={f.strategy!r} rejected: {str(err).splitlines()[0]}") from None
         named = launched_run_dir(cfg)
-    except (ConfigError, CheckpointError) as err:
+        if cfg.state.cache_mb is not None:  # before anything is written: a writable state.dir no live run uses
+            check_state_dir(cfg.state.dir, planned_run_dir(cfg, named))
+    except (ConfigError, CheckpointError, StateDirInUse) as err:
         return _fail(str(err) + (_twin_hint(argv) if isinstance(err, DataError) else ""), 2)
     except StateStoreError as err:
         return _fail(str(err), 1)
@@ -185,17 +221,18 @@ def _run(argv: list[str]) -> int:
     resume = resume_on_every_node(fabric, cfg, resume)
     try:
         orch = Orchestrator(cfg, fabric, data, server, run_dir)
-    except StateStoreError as err:
-        return _fail(str(err), 1)
+    except StateStoreError as err:  # every process stops; a namespace another run holds is exit 2
+        code = 2 if isinstance(err, StateDirInUse) else 1
+        return _fail(str(err), code) if fabric.is_global_zero else code
+    cleanup.callback(orch.store.close)  # releases the state namespace's lock, however the run ends
     if fabric.is_global_zero:
         config = run_dir / "config.yaml"
         config.write_text(f"# partition fingerprint: {data.fingerprint()}\n" + config.read_text())
     if resume is not None:
-        path, state, skipped = resume
         try:
-            orch.restore(state, path)
+            path, state, skipped = restore_with_fallback(fabric, cfg, orch, resume)
         except (CheckpointError, StateStoreError) as err:
-            return _fail(str(err), 2)
+            return _fail(str(err), 2) if fabric.is_global_zero else 2
         del state
         jsonl.rewrite(orch.history)  # metrics.jsonl holds exactly the checkpointed history
         if fabric.is_global_zero:
@@ -214,8 +251,9 @@ def _run(argv: list[str]) -> int:
     try:
         history = orch.fit(progress)
     except StateStoreError as err:
-        kept = (f"the last checkpoint {orch.ckpt_path} is resumable" if orch.ckpt_path.is_file() else
-                "no checkpoint was written yet")
+        kept = ("no checkpoint was written yet" if not orch.ckpt_path.is_file() else
+                f"resume={run_dir} falls back to previous.ckpt if last.ckpt names a damaged file"
+                if isinstance(err, StateFileError) else f"the last checkpoint {orch.ckpt_path} is resumable")
         return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1
     except TrainingFault as err:
         kept = (f"the last good checkpoint is {orch.ckpt_path}" if orch.ckpt_path.is_file() else
