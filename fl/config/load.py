@@ -277,6 +277,10 @@ def validate(cfg: DictConfig) -> None:
     spec = registry.METHODS[cfg.method.name]
     if spec.resolve is not None:
         spec.resolve(cfg)
+    own = spec.server_cls.own_aggregation(cfg.method) if cfg.server.aggregator != "mean" else None
+    if own:
+        raise ConfigError(f"server.aggregator={cfg.server.aggregator!r} cannot apply to method.name="
+                          f"{cfg.method.name!r}: {own}; leave server.aggregator=mean")
     if cfg.data.name not in registry.DATASETS:
         raise ConfigError(choices_msg("data.name", cfg.data.name, registry.DATASETS))
     for name in cfg.data.augment:

@@ -222,6 +222,19 @@ class MethodConfig:
 
 
 @dataclass
+class ServerConfig:
+    """How the server combines the round's parameter uploads (fl/core/aggregation.py)."""
+    aggregator: str = param("mean", choices=["mean", "median", "trimmed_mean"],
+                            help="mean: the uploads' weighted mean (weights: the method's, n_i by default), summed "
+                            "as clients finish; median / trimmed_mean: each coordinate's median / trimmed mean over "
+                            "the round's clients, unweighted (Yin et al. 2018), which keeps every upload of the round "
+                            "in memory; methods whose aggregation is their own take only mean")
+    trim_fraction: float = param(0.1, ge=0.0, lt=0.5,
+                                 help="trimmed_mean: beta; each coordinate drops its floor(beta N) largest and "
+                                 "floor(beta N) smallest values of the N clients (0 = the unweighted mean)")
+
+
+@dataclass
 class WandbConfig:
     mode: str = param("auto", choices=["auto", "online", "offline", "disabled"],
                       help="auto = online when an API key is configured, else offline")
@@ -252,6 +265,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
     evaluators: Any = param(None, help="settings of the evaluators, one typed block each (evaluators.<name>)")
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     resume: Optional[str] = param(None, help="run directory to continue from its last checkpoint")

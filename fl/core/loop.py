@@ -21,12 +21,12 @@ import torch
 from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
+from fl.core.aggregation import Uploads
 from fl.core.client import ClientModule, Upload
 from fl.core.context import EvalContext, RoundContext
 from fl.core.evaluation import Evaluator, evaluate_clients
 from fl.core.exchange import (
                               LocalResult,
-                              WeightedSum,
                               all_finite,
                               exchange,
                               gather_objects,
@@ -206,7 +206,7 @@ class Orchestrator:
         if not finetuning:  # a fine-tuning round has no server step: the global model stays as it was
             fabric.call("on_round_start", round_ctx, selected)
 
-        acc = WeightedSum()
+        uploads = Uploads(keep_each=server.needs_every_upload)
         results = []
         mine = [cid for cid in selected if self.owns(cid)]
         for i, (cid, (upload, result)) in enumerate(zip(mine, self.local_work(rnd, mine))):
@@ -216,13 +216,13 @@ class Orchestrator:
             result.state = {}
             result.bytes_up = payload_bytes(upload.params) + payload_bytes(upload.message)
             if not finetuning:
-                acc.add(upload.params, server.weight(cid, upload))
+                uploads.add(cid, upload.params, server.weight(cid, upload))
             results.append(result)
             if self._stop_requested:  # abandon the round: store and server still hold round rnd-1
                 if rnd > 0:
                     self.save(rnd - 1)
                 raise Interrupted(f"interrupted during round {rnd}")
-        mean, results = exchange(fabric, acc, results)
+        mean, results = exchange(fabric, uploads.sum, results)
         faults = [r.fault for r in results if r.fault]
         if faults:
             raise TrainingFault(faults[0])
@@ -232,7 +232,8 @@ class Orchestrator:
             self._memory_checked = True
             self.warn_if_states_outgrow_memory()
         if not finetuning:
-            fabric.call("server_step", round_ctx, mean, {r.cid: r.message for r in results})
+            aggregated = server.aggregate(uploads.gathered(fabric, mean))
+            fabric.call("server_step", round_ctx, aggregated, {r.cid: r.message for r in results})
 
         metrics = self._train_metrics(results)
         metrics["comm/bytes_up"] = float(sum(r.bytes_up for r in results))
