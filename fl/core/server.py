@@ -28,6 +28,7 @@ class Server:
     on_evaluate(ctx, metrics)           [fabric.call, evaluation rounds only, after the per-client accuracies
                                         and the evaluators] callbacks may add evaluation metrics
     on_round_end(ctx, metrics)          [fabric.call] callbacks may add diagnostics to `metrics`
+    on_checkpoint(ctx, path)            [fabric.call, after a checkpoint of round ctx.round is written]
 
     `ctx` is a RoundContext: the round, Fabric (collectives), the data and the config.
 
