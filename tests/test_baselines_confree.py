@@ -11,11 +11,14 @@ import pytest
 import torch
 
 from fl.config import ConfigError, load_config
+from fl.core import Upload
+from fl.core.aggregation import ClientUpload, Uploads
 from fl.core.exchange import WeightedSum
 from fl.core.server import Server
 from fl.data import build_data
 from fl.methods import confree
-from fl.methods.confree import ConFREEClient, ConFREEServer, aggregate
+from fl.methods.confree import ConFREEServer, aggregate
+from fl.methods.fedrep import FedRepClient
 from tests.helpers import (
     assert_same_rows,
     global_params,
@@ -24,6 +27,7 @@ from tests.helpers import (
     load_ckpt,
     one_and_two_processes,
     read_metrics,
+    record_uploads,
     run_tiny,
     tiny,
 )
@@ -49,14 +53,14 @@ def server(*extra) -> ConFREEServer:
 
 
 def step(theta: dict, deltas: list[dict], n: list[float], *extra) -> tuple[dict, ConFREEServer]:
-    """One server step of a ConFREEServer on fabricated messages: client i trained theta + deltas[i], has n[i]
-    samples; clients are given out of order (the server sorts them)."""
+    """One aggregation and server step of a ConFREEServer on fabricated uploads: client i trained theta + deltas[i],
+    has n[i] samples; clients are given out of order (the uploads come sorted)."""
     s = server(*extra)
     s.keys = list(theta)
     s.global_params = {k: v.clone() for k, v in theta.items()}
-    messages = {cid: {"theta": {k: theta[k] + d[k] for k in theta}, "n": float(ni)}
-                for cid, d, ni in reversed(list(zip(range(len(deltas)), deltas, n)))}
-    s.server_step(None, {}, messages)
+    uploads = Uploads.kept([ClientUpload(cid, {k: theta[k] + d[k] for k in theta}, s.weight(cid, Upload(weight=ni)))
+                            for cid, d, ni in reversed(list(zip(range(len(deltas)), deltas, n)))])
+    s.server_step(None, s.aggregate(uploads), {})
     return s.global_params, s
 
 
@@ -245,27 +249,20 @@ def test_a_one_client_round_moves_by_one_plus_c_times_fedreps_step(out):
     assert moved > 1e-3
 
 
-def test_a_round_is_the_server_step_on_the_uploaded_messages(out, monkeypatch):
-    """Three clients: each sends its trained shared parameters (not its head) in the message, the same bytes as
-    FedRep's upload; the new global model is `aggregate` on them, bitwise, and the logged conflicts are theirs."""
-    sent = []
-    original = ConFREEClient.upload
-
-    def upload(self):
-        up = original(self)
-        sent.append((self.cid, up.params, up.message))
-        return up
-
-    monkeypatch.setattr(ConFREEClient, "upload", upload)
+def test_a_round_is_the_aggregation_of_the_uploads(out, monkeypatch):
+    """Three clients: each uploads its trained shared parameters (not its head) as FedRep does, the same bytes; the
+    server's aggregate hook gets every one, and the new global model is `aggregate` on them, bitwise, and the
+    logged conflicts are theirs."""
+    sent = record_uploads(monkeypatch, FedRepClient)
     extra = ("trainer.rounds=1", "trainer.local_steps=3", "method.head_steps=1")
     con = run_tiny(out, "method.name=confree", "method.c=0.5", *extra, name="con")
+    sent = list(sent)
     rep = run_tiny(out, "method.name=fedrep", *extra, name="rep")
-    assert len(sent) == 3 and all(not params for _, params, _ in sent)  # no buffers under GroupNorm
-    assert all(not any(k.startswith("model.head.") for k in m["theta"]) for _, _, m in sent)
+    assert len(sent) == 3 and all(not any(k.startswith("model.head.") for k in params) for _, _, params, _ in sent)
     cfg = load_config(tiny(out, "method.name=confree", *extra))
     init = {"model." + k: v for k, v in initial_model(cfg, build_data(cfg)).state_dict().items()}
-    theta = {k: init[k] for k in sent[0][2]["theta"]}
-    expected, stats = aggregate(theta, [m["theta"] for _, _, m in sorted(sent, key=lambda s: s[0])], [1.0] * 3, 0.5)
+    theta = {k: init[k] for k in sent[0][2]}  # every shared tensor is a parameter: no buffers under GroupNorm
+    expected, stats = aggregate(theta, [p for _, _, p, _ in sorted(sent, key=lambda s: s[1])], [1.0] * 3, 0.5)
     got = global_params(con)
     assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in got)
     (row,) = rows(con)

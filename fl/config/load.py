@@ -18,6 +18,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from fl.config.errors import ConfigError
 from fl.config.schema import Config
 from fl.core import registry
+from fl.core.callbacks import CallbackError, callback_class
 
 CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
 DEFAULT_CONF = "quickstart"
@@ -277,6 +278,19 @@ def validate(cfg: DictConfig) -> None:
     spec = registry.METHODS[cfg.method.name]
     if spec.resolve is not None:
         spec.resolve(cfg)
+    for i, entry in enumerate(cfg.callbacks):
+        try:
+            callback_class(entry)
+        except CallbackError as err:
+            raise ConfigError(f"callbacks[{i}]: {err}") from None
+    watched = cfg.trainer.early_stop.metric
+    if watched is not None and watched.startswith("val/") and not cfg.data.val_fraction:
+        raise ConfigError(f"trainer.early_stop.metric={watched!r} needs validation splits: set data.val_fraction "
+                          "(e.g. 0.1)")
+    own = spec.server_cls.own_aggregation(cfg.method) if cfg.server.aggregator != "mean" else None
+    if own:
+        raise ConfigError(f"server.aggregator={cfg.server.aggregator!r} cannot apply to method.name="
+                          f"{cfg.method.name!r}: {own}; leave server.aggregator=mean")
     if cfg.data.name not in registry.DATASETS:
         raise ConfigError(choices_msg("data.name", cfg.data.name, registry.DATASETS))
     for name in cfg.data.augment:

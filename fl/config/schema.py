@@ -22,6 +22,17 @@ def param(default: Any, *, ge=None, gt=None, le=None, lt=None, choices=None, sea
 
 
 @dataclass
+class EarlyStopConfig:
+    """Stop when a metric stops improving (fl/core/callbacks.py EarlyStopping), counted in evaluation rounds."""
+    metric: Optional[str] = param(None, help="the metric watched after each evaluation, e.g. val/acc_mean_clients "
+                                  "(val/* needs data.val_fraction > 0; watching test/* selects on the test set); "
+                                  "null = off")
+    patience: int = param(5, ge=1, help="the run stops after this many evaluations in a row without improvement")
+    mode: str = param("max", choices=["max", "min"], help="max: higher is better (accuracies); min: lower (losses)")
+    min_delta: float = param(0.0, ge=0.0, help="an improvement must exceed the best so far by more than this")
+
+
+@dataclass
 class TrainerConfig:
     rounds: int = param(20, ge=1, help="communication rounds")
     local_epochs: Optional[int] = param(1, ge=1,
@@ -37,6 +48,7 @@ class TrainerConfig:
                           help="fixed: round(participation x clients) clients each round; bernoulli: each client "
                           "independently with probability participation (a round may have none: it trains nothing)")
     eval_every: int = param(1, ge=1, help="evaluate every k rounds (and always at the last round)")
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     eval_batch_size: int = param(1024, ge=1)
     checkpoint_every: int = param(5, ge=0, help="checkpoint every k rounds; 0 = only at the end")
     last_k: int = param(5, ge=1, help="summary reports the mean over the last K evaluations")
@@ -222,6 +234,19 @@ class MethodConfig:
 
 
 @dataclass
+class ServerConfig:
+    """How the server combines the round's parameter uploads (fl/core/aggregation.py)."""
+    aggregator: str = param("mean", choices=["mean", "median", "trimmed_mean"],
+                            help="mean: the uploads' weighted mean (weights: the method's, n_i by default), summed "
+                            "as clients finish; median / trimmed_mean: each coordinate's median / trimmed mean over "
+                            "the round's clients, unweighted (Yin et al. 2018), which keeps every upload of the round "
+                            "in memory; methods whose aggregation is their own take only mean")
+    trim_fraction: float = param(0.1, ge=0.0, lt=0.5,
+                                 help="trimmed_mean: beta; each coordinate drops its floor(beta N) largest and "
+                                 "floor(beta N) smallest values of the N clients (0 = the unweighted mean)")
+
+
+@dataclass
 class WandbConfig:
     mode: str = param("auto", choices=["auto", "online", "offline", "disabled"],
                       help="auto = online when an API key is configured, else offline")
@@ -252,8 +277,11 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
     evaluators: Any = param(None, help="settings of the evaluators, one typed block each (evaluators.<name>)")
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    callbacks: list = param([], help="user callbacks (fl.core.Callback subclasses), called in this order: "
+                            "[{class: pkg.module.Class, <its keyword arguments>}, ...]")
     resume: Optional[str] = param(None, help="run directory to continue from its last checkpoint")
 
 

@@ -1,6 +1,7 @@
 """The federated engine: the round loop and what it is made of. Methods, evaluators, datasets and models plug
 in through the registry; nothing here imports them."""
 from fl.core.batches import augment, batch_indices
+from fl.core.callbacks import Callback, EarlyStopping
 from fl.core.client import HEAD, ClientModule, Upload
 from fl.core.context import EvalContext, RoundContext
 from fl.core.evaluation import Evaluator, GroupedAccuracy, summarize_clients
@@ -27,4 +28,4 @@ __all__ = ["METHODS", "MethodSpec", "build_model", "load_plugins", "register_aug
            "ClientData", "FederatedData", "Split", "Target", "augment", "batch_indices", "build_optimizer",
            "finetune_lr", "round_lr", "HEAD", "ClientModule", "Upload", "EvalContext", "RoundContext", "Server",
            "Evaluator", "GroupedAccuracy", "summarize_clients", "Interrupted", "Orchestrator", "TrainingFault",
-           "make_client_module", "sample_clients", "CheckpointError", "latest_checkpoint"]
+           "make_client_module", "sample_clients", "CheckpointError", "latest_checkpoint", "Callback", "EarlyStopping"]

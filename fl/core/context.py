@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Optional
 
 from lightning.fabric import Fabric
 from omegaconf import DictConfig
@@ -19,6 +20,12 @@ class RoundContext:
     fabric: Fabric
     data: FederatedData
     cfg: DictConfig
+    stop_reason: Optional[str] = None
+
+    def stop(self, reason: str) -> None:
+        """End the run after this round, which is checkpointed and summarised as a last round is; `reason` is
+        printed in one line (a server hook's or a callback's request; any process's stops them all)."""
+        self.stop_reason = reason
 
     def log_histogram(self, key: str, values: Iterable[float]) -> None:
         """A per-round distribution for the dashboards, sent to every logger that draws histograms (W&B);

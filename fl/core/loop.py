@@ -2,17 +2,19 @@
 
 Each round: draw the clients (a stream fixed by the seed, the same for every method), let each process train
 the ones it owns (client cid lives on process cid % world_size, with its state) in the long-lived ClientModule
-with its state swapped in, reduce the uploads (fl/core/exchange.py), run the server step, evaluate
-(fl/core/evaluation.py), log and checkpoint. A client's state never leaves its process except into a checkpoint.
+with its state swapped in, reduce the uploads (fl/core/exchange.py) into the server's aggregate
+(fl/core/aggregation.py), run the server step, evaluate (fl/core/evaluation.py), log and checkpoint. A client's
+state never leaves its process except into a checkpoint.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -21,12 +23,13 @@ import torch
 from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
+from fl.core.aggregation import Uploads
+from fl.core.callbacks import Callback
 from fl.core.client import ClientModule, Upload
 from fl.core.context import EvalContext, RoundContext
 from fl.core.evaluation import Evaluator, evaluate_clients
 from fl.core.exchange import (
                               LocalResult,
-                              WeightedSum,
                               all_finite,
                               exchange,
                               gather_objects,
@@ -102,7 +105,8 @@ def make_client_module(cfg: DictConfig, fabric: Fabric, data: FederatedData) -> 
 
 
 class Orchestrator:
-    def __init__(self, cfg: DictConfig, fabric: Fabric, data: FederatedData, server: Server, run_dir: Path):
+    def __init__(self, cfg: DictConfig, fabric: Fabric, data: FederatedData, server: Server, run_dir: Path,
+                 callbacks: Sequence[Callback] = ()):
         self.cfg = cfg
         self.fabric = fabric
         self.server = server
@@ -113,6 +117,9 @@ class Orchestrator:
         self._stop_requested = False
         self._last_broadcast_bytes = 0
         self._memory_checked = False
+        self.callbacks = list(callbacks)  # Fabric calls them after the server; the loop keeps their state
+        self._callback_states = self.callback_states()  # as of the last completed round: what a checkpoint holds
+        self.stopped: Optional[dict] = None  # {"round", "reason"} once a hook ended the run (ctx.stop)
         self.module, self.data = make_client_module(cfg, fabric, data)
         self.parallel = self._parallel_clients()
         server.setup(self.module, self.data)
@@ -120,25 +127,32 @@ class Orchestrator:
 
     # ---- the run ------------------------------------------------------------------------------
     def fit(self, progress=None) -> list[dict]:
-        """Rounds start_round .. rounds-1; returns the metric history (one dict per round). `progress`, if
-        given, gets update(round, metrics) after each round and close() at the end."""
+        """Rounds start_round .. rounds-1, or up to the round after which a hook asked to stop (ctx.stop); returns
+        the metric history (one dict per round). `progress`, if given, gets update(round, metrics) after each round
+        and close() at the end."""
         cfg, fabric = self.cfg, self.fabric
         rounds = cfg.trainer.rounds
         previous = signal.signal(signal.SIGINT, self._on_sigint) if fabric.world_size == 1 else None
         try:
-            for rnd in range(self.start_round, rounds):
+            for rnd in range(self.start_round, rounds if self.stopped is None else 0):  # a stopped run stays so
                 start = time.perf_counter()
                 metrics = self.run_round(rnd)
                 # training, aggregation and evaluation; varies run to run, so tests compare rows without time/*
                 metrics["time/round_s"] = time.perf_counter() - start
                 fabric.log_dict(metrics, step=rnd)
                 self.history.append({"round": rnd, **metrics})
-                last = rnd == rounds - 1
+                self._callback_states = self.callback_states()
+                reason = self.agreed_stop(self._round_ctx.stop_reason)
+                if reason is not None:
+                    self.stopped = {"round": rnd, "reason": reason}
+                last = rnd == rounds - 1 or self.stopped is not None
                 every = cfg.trainer.checkpoint_every
                 if last or (every and (rnd + 1) % every == 0):
                     self.save(rnd)
                 if progress is not None:
                     progress.update(rnd, metrics)
+                if self.stopped is not None:
+                    break
                 if self._stop_requested and not last:
                     self.save(rnd)
                     raise Interrupted(f"interrupted after round {rnd}")
@@ -148,6 +162,12 @@ class Orchestrator:
             if progress is not None:
                 progress.close()
         return self.history
+
+    def agreed_stop(self, reason: Optional[str]) -> Optional[str]:
+        """A stop asked for on any process (the first in rank order) stops every process after the same round."""
+        if self.fabric.world_size == 1:
+            return reason
+        return next((r for r in gather_objects(self.fabric, reason) if r is not None), None)
 
     def _on_sigint(self, signum, frame) -> None:
         if self._stop_requested:  # a second Ctrl-C stops at once
@@ -191,7 +211,7 @@ class Orchestrator:
     def run_round(self, rnd: int) -> dict[str, float]:
         cfg, fabric, server = self.cfg, self.fabric, self.server
         ctx = self.context(rnd)
-        round_ctx = RoundContext(rnd, fabric, self.data, cfg)
+        round_ctx = self._round_ctx = RoundContext(rnd, fabric, self.data, cfg)  # fit() reads its stop request
         t = cfg.trainer
         finetuning = self.module.finetuning = is_finetune_round(cfg, rnd)
         sampled = sample_clients(cfg.seed, rnd, self.data.num_train_clients, t.participation, t.sampling)
@@ -205,7 +225,7 @@ class Orchestrator:
         if not finetuning:  # a fine-tuning round has no server step: the global model stays as it was
             fabric.call("on_round_start", round_ctx, selected)
 
-        acc = WeightedSum()
+        uploads = Uploads(keep_each=server.needs_every_upload)
         results = []
         mine = [cid for cid in selected if self.owns(cid)]
         for i, (cid, (upload, result)) in enumerate(zip(mine, self.local_work(rnd, mine))):
@@ -215,13 +235,13 @@ class Orchestrator:
             result.state = {}
             result.bytes_up = payload_bytes(upload.params) + payload_bytes(upload.message)
             if not finetuning:
-                acc.add(upload.params, server.weight(cid, upload))
+                uploads.add(cid, upload.params, server.weight(cid, upload))
             results.append(result)
             if self._stop_requested:  # abandon the round: store and server still hold round rnd-1
                 if rnd > 0:
                     self.save(rnd - 1)
                 raise Interrupted(f"interrupted during round {rnd}")
-        mean, results = exchange(fabric, acc, results)
+        mean, results = exchange(fabric, uploads.sum, results)
         faults = [r.fault for r in results if r.fault]
         if faults:
             raise TrainingFault(faults[0])
@@ -231,7 +251,8 @@ class Orchestrator:
             self._memory_checked = True
             self.warn_if_states_outgrow_memory()
         if not finetuning:
-            fabric.call("server_step", round_ctx, mean, {r.cid: r.message for r in results})
+            aggregated = server.aggregate(uploads.gathered(fabric, mean))
+            fabric.call("server_step", round_ctx, aggregated, {r.cid: r.message for r in results})
 
         metrics = self._train_metrics(results)
         metrics["comm/bytes_up"] = float(sum(r.bytes_up for r in results))
@@ -369,11 +390,17 @@ class Orchestrator:
             "server": self.server.state_dict(),
             "clients": self.client_states(),
             "history": self.history,
+            "callbacks": self._callback_states,
+            "stopped": self.stopped,
             "fingerprint": self.data.fingerprint(),
             "config": OmegaConf.to_container(self.cfg, resolve=True),  # resume refuses a config.yaml edited since
         }
         save_checkpoint(self.fabric, self.ckpt_path, state)
         self.store.checkpointed()
+        self.fabric.call("on_checkpoint", RoundContext(rnd, self.fabric, self.data, self.cfg), self.ckpt_path)
+
+    def callback_states(self) -> list[dict]:
+        return [copy.deepcopy(cb.state_dict()) for cb in self.callbacks]  # a copy: callbacks go on changing theirs
 
     def client_states(self) -> dict:
         """Every process's part of the store, for the checkpoint (the only time states cross processes): the
@@ -397,5 +424,12 @@ class Orchestrator:
             raise CheckpointError(f"{path} does not fit this run's model: {key} has shape {found.get(key)} there, "
                                   f"{expected.get(key)} here")
         self.store.load_state_dict(state["clients"], self.owns)
+        states = state.get("callbacks", [])
+        if len(states) != len(self.callbacks):
+            raise CheckpointError(f"{path} holds the state of {len(states)} callback(s), this run has "
+                                  f"{len(self.callbacks)}")
+        for callback, saved in zip(self.callbacks, states):
+            callback.load_state_dict(copy.deepcopy(saved))
+        self._callback_states, self.stopped = self.callback_states(), state.get("stopped")
         self.history = list(state["history"])
         self.start_round = state["round"] + 1

@@ -7,6 +7,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
+from fl.core.aggregation import Uploads, make_aggregator
 from fl.core.client import ClientModule, Upload
 from fl.core.context import RoundContext
 from fl.core.federated_data import FederatedData
@@ -19,19 +20,40 @@ class Server:
     on_round_start(ctx, selected)       [fabric.call: every callback gets it]
     broadcast(cid)                      payload sent to a client before local training and evaluation
     weight(cid, upload)                 raw aggregation weight of an upload (default: n_i)
-    server_step(ctx, mean, messages)    [fabric.call] mean = weighted mean of the uploaded params over all
-                                        clients of the round; messages = {cid: message}, in client order
+    aggregate(uploads)                  the round's new shared parameters from its uploads (fl/core/aggregation.py);
+                                        default: `server.aggregator`, the float64 weighted mean unless set
+    server_step(ctx, mean, messages)    [fabric.call] mean = what `aggregate` returned (the weighted mean of the
+                                        uploaded params over all clients of the round by default);
+                                        messages = {cid: message}, in client order
     on_evaluate(ctx, metrics)           [fabric.call, evaluation rounds only, after the per-client accuracies
                                         and the evaluators] callbacks may add evaluation metrics
     on_round_end(ctx, metrics)          [fabric.call] callbacks may add diagnostics to `metrics`
+    on_checkpoint(ctx, path)            [fabric.call, after a checkpoint of round ctx.round is written]
 
     `ctx` is a RoundContext: the round, Fabric (collectives), the data and the config.
+
+    The weighted mean streams (memory does not grow with the round's clients); `aggregate` sees each client's upload
+    (`uploads.clients`) only when `needs_every_upload` is true: the chosen aggregator needs them, or a method that
+    overrides `aggregate` sets it.
     """
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
         self.hp = cfg.method
         self.global_params: dict[str, Tensor] = {}
+        self.aggregator = make_aggregator(cfg.server.aggregator, float(cfg.server.trim_fraction))
+
+    @property
+    def needs_every_upload(self) -> bool:
+        return self.aggregator.needs_every_upload
+
+    @classmethod
+    def own_aggregation(cls, hp: DictConfig) -> Optional[str]:
+        """Why `server.aggregator` cannot replace this method's aggregation (config validation refuses any but
+        mean, with this reason); None: any aggregator may. A method that overrides `aggregate` has its own."""
+        if cls.aggregate is not Server.aggregate:
+            return "its server aggregates the uploads itself"
+        return None
 
     def setup(self, module: ClientModule, data: FederatedData) -> None:
         """The initial global model is the module's shared state after seeded initialisation."""
@@ -46,6 +68,9 @@ class Server:
 
     def weight(self, cid: int, upload: Upload) -> float:
         return upload.weight
+
+    def aggregate(self, uploads: Uploads) -> dict[str, Tensor]:
+        return self.aggregator(uploads)
 
     def server_step(self, ctx: RoundContext, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
         if mean:

@@ -20,9 +20,9 @@ Server, with the N updates of the round (Algorithm 1, lines 8-14):
     Aggregation (line 14): theta_g <- theta_g + d*.
 
 How it maps onto this framework:
-- Each client sends its trained shared parameters theta_i (the same bytes as FedRep's upload) and n_i in its
-  message; the server forms Delta_i = theta_i - theta_g in float64. Buffers (none under GroupNorm) are uploaded as
-  usual and take the orchestrator's weighted mean.
+- Each client uploads its trained shared parameters theta_i as FedRep does; the server's `aggregate` hook gets every
+  upload (`needs_every_upload`, gathered in client order) and forms Delta_i = theta_i - theta_g in float64. Buffers
+  (none under GroupNorm) take the uploads' weighted mean.
 - Everything the server needs is the N x N Gram matrix of the updates: Delta_perp and d* are combinations
   sum_j gamma_j Delta_j, and the new model is sum_j gamma_j theta_j + (1 - sum_j gamma_j) theta_g, summed in float64
   in client order like the orchestrator's mean, so with c = 0, sample weights and no conflict it is FedRep's
@@ -55,6 +55,7 @@ from torch import Tensor
 
 from fl.config import param
 from fl.core import ClientModule, Server, Upload, register_method
+from fl.core.aggregation import Uploads
 from fl.methods.fedrep import FedRepClient, FedRepConfig
 from fl.methods.fedrep import resolve as fedrep_resolve
 from fl.methods.simplex_qp import SOLVERS, solve_simplex
@@ -192,40 +193,31 @@ def aggregate(theta: dict[str, Tensor], clients: list[dict[str, Tensor]], weight
     return new, stats
 
 
-class ConFREEClient(FedRepClient):
-    """FedRep's local training; the trained shared parameters travel in the message, one set per client."""
-
-    def upload(self) -> Upload:
-        up = super().upload()
-        theta = {k: up.params.pop(k).detach().cpu().clone() for k in update_keys(self) if k in up.params}
-        up.message = {"theta": theta, "n": up.weight}
-        return up
-
-
 class ConFREEServer(Server):
+    needs_every_upload = True  # Algorithm 1, lines 8-14 use every client's update
+
     def setup(self, module: ClientModule, data) -> None:
         super().setup(module, data)
         self.keys = [k for k in update_keys(module) if k in self.global_params]
         self._round: dict[str, float] = {}
 
-    def weight(self, cid: int, upload: Upload) -> float:  # the buffers' mean weighs as Eq. 3 does
+    def weight(self, cid: int, upload: Upload) -> float:  # Eq. 3's weights, and the buffers' mean's
         return 1.0 if self.hp.weighting == "uniform" else upload.weight
 
-    def server_step(self, ctx, mean: dict[str, Tensor], messages: dict[int, dict[str, Any]]) -> None:
-        msgs = [messages[cid] for cid in sorted(messages) if messages[cid]]
-        new = dict(self.global_params)
-        new.update(mean)  # buffers
-        if msgs:
-            weights = [1.0 if self.hp.weighting == "uniform" else float(m["n"]) for m in msgs]
-            theta = {k: self.global_params[k] for k in self.keys}
-            params, self._round = aggregate(theta, [m["theta"] for m in msgs], weights, float(self.hp.c),
-                                            bool(self.hp.rescale), self.hp.scope, self.hp.solver)
-            new.update(params)
-        self.global_params = new
+    def aggregate(self, uploads: Uploads) -> dict[str, Tensor]:
+        clients = uploads.clients
+        if not clients:
+            return {}
+        theta = {k: self.global_params[k] for k in self.keys}
+        params, self._round = aggregate(theta, [{k: u.params[k] for k in self.keys} for u in clients],
+                                        [u.weight for u in clients], float(self.hp.c), bool(self.hp.rescale),
+                                        self.hp.scope, self.hp.solver)
+        mean = uploads.mean()  # for the buffers
+        return {k: params[k] if k in params else mean[k] for k in self.global_params if k in params or k in mean}
 
     def on_round_end(self, ctx, metrics: dict[str, Any]) -> None:
         metrics.update(self._round)
         self._round = {}
 
 
-register_method("confree", ConFREEConfig, ConFREEClient, ConFREEServer, resolve=fedrep_resolve)
+register_method("confree", ConFREEConfig, FedRepClient, ConFREEServer, resolve=fedrep_resolve)

@@ -249,6 +249,11 @@ class FedASServer(Server):
     def weight(self, cid: int, upload: Upload) -> float:
         return float(upload.message["fisher"]) if self.hp.weighting == "fisher" else upload.weight
 
+    @classmethod
+    def own_aggregation(cls, hp) -> Optional[str]:
+        return "its aggregation weights are the clients' tr(F_i) (method.weighting=fisher)" if (
+            hp.weighting == "fisher") else None
+
     def server_step(self, ctx, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
         traces = [float(m["fisher"]) for m in messages.values() if m and "fisher" in m]
         if traces and sum(traces) <= 0:  # alpha_i = 0 / 0: no client of the round had a full batch

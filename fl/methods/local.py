@@ -1,5 +1,6 @@
 """Local: each client trains only on its own data; nothing is communicated."""
 from dataclasses import dataclass
+from typing import Optional
 
 from fl.config import MethodConfig
 from fl.core import ClientModule, Server, Upload, register_method
@@ -21,4 +22,10 @@ class LocalClient(ClientModule):
         return Upload(weight=float(self.num_train))
 
 
-register_method("local", LocalConfig, LocalClient, Server)
+class LocalServer(Server):
+    @classmethod
+    def own_aggregation(cls, hp) -> Optional[str]:
+        return "nothing is communicated"
+
+
+register_method("local", LocalConfig, LocalClient, LocalServer)

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
+from fl.core.callbacks import CallbackError, make_callbacks
 from fl.core.exchange import gather_objects
 from fl.core.state import (
                            CHECKPOINT_NAMES,
@@ -194,6 +195,7 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
             raise ConfigError("logger.wandb.mode=online needs a W&B API key (wandb login, or WANDB_API_KEY); "
                               "use logger.wandb.mode=offline (or auto) to log locally and `wandb sync` later")
         server = METHODS[cfg.method.name].server_cls(cfg)
+        callbacks = make_callbacks(cfg)
         try:  # Fabric validates accelerator / devices / strategy before anything is written
             make_fabric(cfg, [], [])
         except (ValueError, RuntimeError, TypeError) as err:
@@ -203,7 +205,7 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
         named = launched_run_dir(cfg)
         if cfg.state.cache_mb is not None:  # before anything is written: a writable state.dir no live run uses
             check_state_dir(cfg.state.dir, planned_run_dir(cfg, named))
-    except (ConfigError, CheckpointError, StateDirInUse) as err:
+    except (ConfigError, CheckpointError, StateDirInUse, CallbackError) as err:
         return _fail(str(err) + (_twin_hint(argv) if isinstance(err, DataError) else ""), 2)
     except StateStoreError as err:
         return _fail(str(err), 1)
@@ -214,13 +216,13 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
     jsonl = JsonlLogger(run_dir / "metrics.jsonl")
     wandb_logger = make_wandb_logger(cfg, run_dir, run_dir.name,
                                      resume_round=resume[1]["round"] if resume is not None else None)
-    fabric = make_fabric(cfg, [server], [jsonl] + ([wandb_logger] if wandb_logger else []))
+    fabric = make_fabric(cfg, [server, *callbacks], [jsonl] + ([wandb_logger] if wandb_logger else []))
     fabric.launch()
     if cfg.fabric.cpu_threads:
         torch.set_num_threads(cfg.fabric.cpu_threads)
     resume = resume_on_every_node(fabric, cfg, resume)
     try:
-        orch = Orchestrator(cfg, fabric, data, server, run_dir)
+        orch = Orchestrator(cfg, fabric, data, server, run_dir, callbacks)
     except StateStoreError as err:  # every process stops; a namespace another run holds is exit 2
         code = 2 if isinstance(err, StateDirInUse) else 1
         return _fail(str(err), code) if fabric.is_global_zero else code
@@ -259,6 +261,8 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
         kept = (f"the last good checkpoint is {orch.ckpt_path}" if orch.ckpt_path.is_file() else
                 "no checkpoint was written yet")
         return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1  # one message, not one per process
+    except CallbackError as err:  # found at the first evaluation, e.g. an early-stopping metric the run lacks
+        return _fail(f"{err} (run directory {run_dir})", 2) if fabric.is_global_zero else 2
     except (Interrupted, KeyboardInterrupt) as err:
         if fabric.is_global_zero:
             where = (f"checkpoint {orch.ckpt_path}. Continue with" if orch.ckpt_path.is_file() else
@@ -266,10 +270,14 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
             print(f"\n{err or 'interrupted'}; {where}: python -m fl.train resume={run_dir}", file=sys.stderr)
         return 130
     if fabric.is_global_zero:
+        if orch.stopped is not None:
+            print(f"stopped after {round_label(orch.stopped['round'], cfg.trainer.rounds)}: {orch.stopped['reason']}",
+                  file=sys.stderr)
         summary = summarize_history(history, cfg.trainer.last_k)
         summary.update({"method": cfg.method.name, "headline": METHODS[cfg.method.name].headline,
                         "dataset": cfg.data.name, "seed": int(cfg.seed), "rounds": int(cfg.trainer.rounds),
-                        "partition_fingerprint": data.fingerprint(), "run_dir": str(run_dir)})
+                        "stopped": orch.stopped, "partition_fingerprint": data.fingerprint(),
+                        "run_dir": str(run_dir)})
         write_summary(run_dir, summary)
         if wandb_logger is not None:
             wandb_logger.experiment.summary.update({f"{kind}/{k}": v for kind in ("final", "best")

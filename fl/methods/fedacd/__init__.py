@@ -181,6 +181,11 @@ class FedACDServer(Server):
     def weight(self, cid: int, upload: Upload) -> float:
         return float(upload.message["V"]) if self.hp.aggregation == "v" else 1.0
 
+    @classmethod
+    def own_aggregation(cls, hp) -> Optional[str]:
+        return "its aggregation weights are the clients' scores V (Eq. 11, method.aggregation=v)" if (
+            hp.aggregation == "v") else None
+
     def server_step(self, ctx, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
         super().server_step(ctx, mean, messages)
         self._scores = {cid: msg for cid, msg in messages.items() if msg}

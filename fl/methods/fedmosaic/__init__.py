@@ -250,6 +250,10 @@ class CoTrainingServer(Server):
     def broadcast(self, cid: int) -> dict[str, Any]:
         return {"pseudo": self.pseudo}
 
+    @classmethod
+    def own_aggregation(cls, hp) -> Optional[str]:
+        return "its clients share no parameters, only predictions on the public set"
+
     def server_step(self, ctx, mean: dict, messages: dict[int, dict]) -> None:
         if not votes_after_round(self.cfg, ctx.round):
             self.diagnostics = {}

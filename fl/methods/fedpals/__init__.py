@@ -37,6 +37,10 @@ def resolve(cfg) -> None:
 
 
 class FedPALSServer(Server):
+    @classmethod
+    def own_aggregation(cls, hp) -> Optional[str]:
+        return "its aggregation weights are the QP's alpha, the method itself"
+
     def setup(self, module, data) -> None:
         super().setup(module, data)
         counts = data.label_counts("train").double()
