@@ -49,15 +49,16 @@ def rows_to(t: Tensor, idx, device: torch.device) -> Tensor:
     """t[idx] (idx: a slice or an index tensor on t's device) on `device`, by a non-blocking copy. From host memory to
     a CUDA device the rows are gathered straight into pinned memory: a copy from pageable memory makes the host wait
     until it is done (and so for the GPU's queue ahead of it), one from pinned memory does not."""
-    if t.device.type != "cpu" or torch.device(device).type != "cuda" or (torch.is_tensor(idx) and idx.is_cuda):
+    host_index = isinstance(idx, slice) or (torch.is_tensor(idx) and idx.device.type == "cpu")
+    if t.device.type != "cpu" or torch.device(device).type != "cuda" or not host_index:
         return t[idx].to(device, non_blocking=True)
     return gather_rows(t, idx, pin=True).to(device, non_blocking=True)
 
 
 def gather_rows(t: Tensor, idx, pin: bool) -> Tensor:
-    """t[idx] in a new tensor, in pinned memory if `pin` (torch's caching host allocator recycles it once the
-    copies that read it are done)."""
-    if isinstance(idx, slice):
+    """t[idx] (idx: a slice, an index or a boolean mask) in a new tensor, in pinned memory if `pin` (torch's caching
+    host allocator recycles it once the copies that read it are done)."""
+    if isinstance(idx, slice) or idx.dtype == torch.bool:
         rows = t[idx]
         return torch.empty(rows.shape, dtype=t.dtype, pin_memory=pin).copy_(rows)
     out = torch.empty((len(idx),) + tuple(t.shape[1:]), dtype=t.dtype, pin_memory=pin)
@@ -144,8 +145,9 @@ class FederatedData:
 
     def pooled_test(self) -> Split:
         """The global test set, or else the union of the clients' test splits, made on first use and kept: evaluators
-        ask for it every evaluation round, and each union is a copy on the data's device. (The splits are final once
-        fl/data has built them; `to` and `validation_view` make new objects, with their own union.)"""
+        ask for it every evaluation round, and each union is a copy on the data's device (which it now holds for the
+        run, as every evaluation held it before). The splits are final once fl/data has built them; `to` and
+        `validation_view` make new objects, with their own union."""
         if self.global_test is not None:
             return self.global_test
         if self._pooled_test is None:
