@@ -106,17 +106,11 @@ def host_group() -> Optional[dist.ProcessGroup]:
     """A process group whose object collectives stay in host memory: the default one when it has a gloo backend
     (CPU runs), else a gloo group over the same processes, created at the first call (a collective call: every
     process makes it at the same point of the run)."""
-    if uses_host_memory(dist.get_backend()):
+    if "gloo" in dist.get_backend():  # "gloo", or "cpu:gloo,cuda:nccl" (object collectives then take the CPU one)
         return None
     if _HOST_GROUP.get("world") is not dist.group.WORLD:  # one per default group (a new run in this process)
         _HOST_GROUP.update(world=dist.group.WORLD, group=dist.new_group(backend="gloo"))
     return _HOST_GROUP["group"]
-
-
-def uses_host_memory(backend: str) -> bool:
-    """Whether object collectives of a default group with this backend ("gloo", "nccl", "cpu:gloo,cuda:nccl")
-    run in host memory: gloo alone, or among several backends (torch then picks the CPU one)."""
-    return "gloo" in backend
 
 
 def payload_bytes(obj: Any) -> int:
