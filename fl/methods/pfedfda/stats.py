@@ -146,6 +146,7 @@ def cv_objective(parts, glob: tuple[Tensor, Tensor], log_prior: Tensor, shrink_e
         lam, Q = torch.linalg.eigh((K + K.T) / 2)
         P = torch.linalg.solve_triangular(L.T, Q, upper=True).T  # Q^T L^-1
         terms.append((lam, zv @ P.T, mu_g @ P.T, (mu_hat - mu_g) @ P.T, yv))
+
     def J(beta_mu: Tensor, beta_cov: Tensor) -> Tensor:
         """J at each pair (beta_mu[i], beta_cov[i]), as a tensor of their shape: no value is read on the host."""
         values = []
@@ -189,7 +190,7 @@ def golden_section(f: Callable[[Tensor], Tensor], lo: Tensor, hi: Tensor, tol: f
 
 def bounded_min(f: Callable[[Tensor], Tensor], dims: int, device=None, tol: float = 1e-7) -> tuple[Tensor, Tensor]:
     """The minimum of f over [0, 1]^dims (dims 1 or 2; f maps points [G, dims] to values [G], float64): the best point
-    of a uniform grid (21 points, resp. 11 x 11, evaluated in one call), refined by golden-section search on each
+    of a uniform grid (21 points, resp. 11 x 11, given to f in one call), refined by golden-section search on each
     coordinate within one grid step of it (in 2-D, coordinate by coordinate until the point stops moving).
     Non-finite values count as +inf, so the search cannot fail; returns (point [dims], value) as tensors on
     `device`, value = inf when f is nowhere finite. Nothing is read on the host but, in 2-D, whether a sweep moved
