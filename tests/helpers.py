@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -195,3 +196,40 @@ def interrupted_and_resumed(out: Path, monkeypatch, *extra: str, at_round: int =
     undo()
     assert main([f"resume={cut}"]) == 0
     return full, cut
+
+
+# ---- what a GPU would wait for ---------------------------------------------------------------------
+class TorchCalls(TorchFunctionMode):
+    """Inside `with TorchCalls() as calls:`, the torch functions and tensor methods called (names, in order) in
+    `calls.all`, and in `calls.host_reads` as (name, device type) those that would make the host wait for a GPU
+    holding that tensor: reading a value (item, tolist, float(), int(), bool(), nonzero(), cpu(), numpy()) or building
+    a tensor from Python data on a device (torch.tensor(..., device=...): a blocking copy). On the CPU they cost
+    nothing, so only counting shows them; with the data on the `meta` device, reads of the data fail outright while
+    the CPU's own (the seeded draws) go on, and the device tells them apart here."""
+    READS = frozenset({"item", "tolist", "__float__", "__int__", "__bool__", "__index__", "nonzero", "cpu", "numpy"})
+
+    def __init__(self):
+        super().__init__()
+        self.all: list[str] = []
+        self.host_reads: list[tuple[str, str]] = []
+        self._devices: list[set[str]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", str(func))
+        self.all.append(name)
+        flat = [a for arg in (*args, *kwargs.values()) for a in (arg if isinstance(arg, (list, tuple)) else [arg])]
+        self._devices.append({a.device.type for a in flat if torch.is_tensor(a)})
+        if name in self.READS and args and torch.is_tensor(args[0]):
+            self.host_reads.append((name, args[0].device.type))
+        elif name == "tensor" and "device" in kwargs:
+            self.host_reads.append((name, torch.device(kwargs["device"]).type))
+        return func(*args, **kwargs)
+
+    def on(self, device_type: str) -> list[str]:
+        """The calls given a tensor on that device."""
+        return [name for name, devices in zip(self.all, self._devices) if device_type in devices]
+
+    def device_reads(self) -> list[tuple[str, str]]:
+        """The host reads of tensors not on the CPU."""
+        return [r for r in self.host_reads if r[1] != "cpu"]

@@ -1,6 +1,7 @@
-"""Aggregation of uploads: the streamed float64 weighted sum behind the FedAvg average (fl/core/exchange.py), and the
+"""Aggregation of uploads: the streamed float64 weighted sum behind the FedAvg average (fl/core/exchange.py), the
 server's aggregate hook with the aggregators `server.aggregator` chooses (fl/core/aggregation.py): hand computations,
-the default path unchanged, equalities between code paths, resume, 1 and 2 processes, refusals."""
+the default path unchanged, equalities between code paths, resume, 1 and 2 processes, refusals; and the checkpoint's
+gather of client states on process 0."""
 import pytest
 import torch
 
@@ -11,12 +12,14 @@ from fl.core.exchange import WeightedSum
 from fl.methods.fedavg import FedAvgClient
 from fl.run.train import main
 from tests.helpers import (
+    ROOT,
     global_params,
     interrupted_and_resumed,
     load_ckpt,
     one_and_two_processes,
     read_metrics,
     record_uploads,
+    run_cli,
     run_tiny,
 )
 
@@ -169,3 +172,15 @@ def test_the_refusal_is_one_line_and_exit_2_and_other_settings_are_accepted(caps
         assert load_config([*ok, "server.aggregator=median"]).server.aggregator == "median"
     with pytest.raises(ConfigError, match="server.trim_fraction"):
         load_config(["server.trim_fraction=0.5"])
+@pytest.mark.slow
+def test_checkpoint_states_gather_on_process_zero_only_through_host_memory(tmp_path):
+    """Under NCCL (simulated: two gloo processes whose default backend reads 'nccl') the gather goes through a gloo
+    group made once, and only process 0, which writes the checkpoint, receives the states."""
+    res = run_cli([str(tmp_path)], cwd=tmp_path, script=(str(ROOT / "tests" / "gather_to_zero.py"),))
+    assert res.returncode == 0, res.stderr[-2000:]
+    zero, one = (torch.load(tmp_path / f"{rank}.pt", weights_only=False) for rank in (0, 1))
+    assert [p["rank"] for p in zero["first"]] == [0, 1]
+    assert all(torch.equal(p["state"], torch.full((3,), float(r))) for r, p in enumerate(zero["first"]))
+    assert zero["second"] == [[0], [1, 1]]
+    assert one["first"] is None and one["second"] is None
+    assert all(r["own_group"] and r["same_group"] and r["group_size"] == 2 for r in (zero, one))

@@ -262,6 +262,18 @@ def test_arrays_features_pt(tmp_path):
     assert pool.test is None and pool.num_classes == 4 and pool.mean is None and pool.train.domain is None
 
 
+def test_arrays_pt_saved_from_a_gpu_loads_on_the_cpu(tmp_path, monkeypatch):
+    """A .pt written with CUDA tensors names cuda:0 as their location: without map_location a machine without a GPU
+    refuses it (and one with a GPU would put the whole pool on it)."""
+    import torch.serialization
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")  # as torch.save tags CUDA tensors
+        path = fakes.arrays(tmp_path / "gpu.pt", x=torch.randn(6, 4), y=torch.arange(6) % 2)
+    pool = load_arrays(cfg(path))
+    assert pool.train.x.device.type == "cpu" and pool.train.x.shape == (6, 4) and pool.num_classes == 2
+
+
 def test_arrays_errors(tmp_path):
     with pytest.raises(DataError) as e:
         load_arrays(cfg(tmp_path / "missing.npz"))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fl.methods.pfedfda.stats import bounded_min, cv_objective, cv_parts, estimate, solve_beta
+from tests.helpers import TorchCalls
 
 FIXTURE = Path(__file__).parent / "data" / "pfedfda_beta_linesearch_fail.pt"
 
@@ -46,19 +47,108 @@ def test_the_line_search_failure_of_a_diverged_run_falls_back_and_the_bounded_se
     assert fallbacks > 0  # the official solver does fail on this input; the fallback took over
 
 
+def on_points(f):
+    """A function of (b) or (b, c) as bounded_min takes it: points [G, dims] -> values [G]."""
+    return lambda points: torch.stack([torch.tensor(float(f(*p)), dtype=torch.float64) for p in points.tolist()])
+
+
 def test_bounded_min_finds_interior_boundary_and_two_dimensional_minima():
-    (b,), v = bounded_min(lambda b: (b - 0.3123) ** 2, 1)
+    (b,), v = bounded_min(on_points(lambda b: (b - 0.3123) ** 2), 1)
     assert b == pytest.approx(0.3123, abs=1e-6) and v < 1e-11
-    (b,), _ = bounded_min(lambda b: b, 1)
+    (b,), _ = bounded_min(on_points(lambda b: b), 1)
     assert b == 0.0
-    (b,), _ = bounded_min(lambda b: -b, 1)
+    (b,), _ = bounded_min(on_points(lambda b: -b), 1)
     assert b == 1.0
-    (b, c), _ = bounded_min(lambda b, c: (b - 0.2) ** 2 + 3 * (c - 0.905) ** 2 + 0.5 * (b - 0.2) * (c - 0.905), 2)
+    (b, c), _ = bounded_min(on_points(lambda b, c: (b - 0.2) ** 2 + 3 * (c - 0.905) ** 2
+                                      + 0.5 * (b - 0.2) * (c - 0.905)), 2)
     assert (b, c) == (pytest.approx(0.2, abs=1e-5), pytest.approx(0.905, abs=1e-5))
     # non-finite values count as +inf: the minimum over the finite part
-    (b,), v = bounded_min(lambda b: (b - 0.7) ** 2 if b <= 0.5 else math.nan, 1)
+    (b,), v = bounded_min(on_points(lambda b: (b - 0.7) ** 2 if b <= 0.5 else math.nan), 1)
     assert b == pytest.approx(0.5, abs=1e-6) and v == pytest.approx(0.04, abs=1e-6)
-    assert bounded_min(lambda b: math.inf, 1)[1] == math.inf
+    assert bounded_min(on_points(lambda b: math.inf), 1)[1] == math.inf
+
+
+# ---- the search as it was: every evaluation of J read on the host (a GPU sync each) ---------------------------------
+def host_golden_section(f, lo, hi, tol):
+    ratio = (math.sqrt(5) - 1) / 2
+    c, d = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fc, fd = f(c), f(d)
+    while hi - lo > tol:
+        if fc <= fd:
+            hi, d, fd = d, c, fc
+            c = hi - ratio * (hi - lo)
+            fc = f(c)
+        else:
+            lo, c, fc = c, d, fd
+            d = lo + ratio * (hi - lo)
+            fd = f(d)
+    return (c, fc) if fc <= fd else (d, fd)
+
+
+def host_bounded_min(f, dims, tol=1e-7):
+    def value(point):
+        v = f(*point)
+        return v if math.isfinite(v) else math.inf
+
+    n = 21 if dims == 1 else 11
+    axis = [i / (n - 1) for i in range(n)]
+    grid = [(a,) for a in axis] if dims == 1 else [(a, b) for a in axis for b in axis]
+    values = [value(p) for p in grid]
+    best = min(range(len(grid)), key=values.__getitem__)
+    point, fbest = list(grid[best]), values[best]
+    if not math.isfinite(fbest):
+        return tuple(point), fbest
+    for _ in range(1 if dims == 1 else 8):
+        moved = 0.0
+        for i in range(dims):
+            lo, hi = max(0.0, point[i] - 1 / (n - 1)), min(1.0, point[i] + 1 / (n - 1))
+            t, ft = host_golden_section(lambda t, i=i: value(point[:i] + [t] + point[i + 1:]), lo, hi, tol)
+            if ft < fbest:
+                moved, point[i], fbest = max(moved, abs(t - point[i])), t, ft
+        if moved < 10 * tol:
+            break
+    return tuple(point), fbest
+
+
+def host_search(z, y, glob, lp, seed, mode, cov_reg, k=2):
+    keep = torch.bincount(y)[y] >= k
+    parts = cv_parts(z[keep], y[keep], glob, k, cov_reg, torch.Generator().manual_seed(seed))
+    J = cv_objective(parts, glob, lp, 1e-4)
+    f = lambda *b: float(J(torch.tensor(b[0], dtype=torch.float64), torch.tensor(b[-1], dtype=torch.float64)))  # noqa: E731
+    return host_bounded_min(f, 1 if mode == "single" else 2)
+
+
+def test_the_beta_search_chooses_the_beta_the_host_driven_search_chose():
+    """The same grid and golden-section steps, decided on the device: the same beta, bit for bit, on a diverged
+    run's statistics and on degenerate banks (J evaluated pair by pair, as before)."""
+    case = torch.load(FIXTURE, weights_only=False)
+    z, y, mu, cov, lp, kw = (case[k] for k in ("z", "y", "mu", "cov", "lp", "kw"))
+    problems = [(z, y, mu, cov, lp, seed, mode, kw["cov_reg"]) for mode in ("single", "separate")
+                for seed in range(0, 12, 1 if mode == "single" else 4)]
+    rng = torch.Generator().manual_seed(2024)
+    for trial in range(40):
+        bank = random_bank(rng, trial)
+        problems += [(*bank, trial, mode, ("code", "paper")[trial % 2]) for mode in ("single", "separate")]
+    for z, y, mu, cov, lp, seed, mode, cov_reg in problems:
+        r = solve_beta(z, y, (mu, cov), lp, mode=mode, k=2, cov_reg=cov_reg, shrink_eps=1e-4, max_iter=10, gtol=1e-3,
+                       gen=torch.Generator().manual_seed(seed))
+        if r.fallback:  # the CV split failed before any search
+            continue
+        point, loss = host_search(z, y, (mu, cov), lp, seed, mode, cov_reg)
+        assert (r.beta_mu, r.beta_cov) == (point[0], point[-1]) and r.cv_loss == loss, (seed, mode)
+
+
+def test_the_beta_search_reads_nothing_from_the_device_but_one_flag_per_two_dimensional_sweep():
+    """Tens to hundreds of evaluations per solve, each read as a Python float before: now one read per solve (the
+    result), plus in 2-D whether a coordinate sweep moved the point."""
+    case = torch.load(FIXTURE, weights_only=False)
+    z, y, mu, cov, lp = (case[k] for k in ("z", "y", "mu", "cov", "lp"))
+    J = cv_objective(cv_parts(z, y, (mu, cov), 2, "paper", torch.Generator().manual_seed(0)), (mu, cov), lp, 1e-4)
+    for dims in (1, 2):
+        with TorchCalls() as calls, torch.no_grad():
+            bounded_min(lambda b: J(b[:, 0], b[:, -1]), dims)
+        reads = [name for name, _ in calls.host_reads]
+        assert reads == [] if dims == 1 else (set(reads) == {"__bool__"} and len(reads) <= 8)
 
 
 def test_nowhere_finite_objective_keeps_the_previous_beta():

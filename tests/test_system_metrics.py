@@ -9,10 +9,10 @@ from fl.config import load_config
 from fl.core.registry import METHODS
 from fl.core.seeding import seed_torch
 from fl.data import build_data
-from fl.metrics.system import majority_vote
+from fl.metrics.system import majority_vote, routed_queries
 from fl.report.summary import summarize_history
 from fl.run.train import main
-from tests.helpers import assert_same_rows, load_ckpt, one_and_two_processes, read_metrics, tiny
+from tests.helpers import TorchCalls, assert_same_rows, load_ckpt, one_and_two_processes, read_metrics, tiny
 
 
 def test_majority_vote_breaks_ties_toward_the_smallest_label():
@@ -62,6 +62,22 @@ def _by_hand(args, method):
             per_client = torch.stack([(choice[origin == i] == i).double().mean() for i in range(data.num_clients)])
             out[key] = float((w / w.sum() * per_client).sum())
     return out
+
+
+def test_routed_queries_are_each_splits_nonzero_per_client_from_one_host_read():
+    """The routed system accuracy asked nonzero() of every (client, test split) pair: M^2 host reads per evaluation."""
+    gen = torch.Generator().manual_seed(0)
+    sizes = [5, 0, 9, 1, 12, 7]
+    m = len(sizes)
+    route = torch.randint(0, m - 1, (sum(sizes),), generator=gen)  # the last client is routed nothing
+    with TorchCalls() as calls:
+        routed = routed_queries(route, sizes)
+    assert calls.host_reads == [("tolist", "cpu")]
+    start = 0
+    for j, n in enumerate(sizes):
+        for c in range(m):
+            assert torch.equal(routed(c, j), (route[start:start + n] == c).nonzero().flatten()), (c, j)
+        start += n
 
 
 @pytest.mark.parametrize("method, extra", [("feddrm", ["method.routing=density_ratio"]), ("fedper", [])])

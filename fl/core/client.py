@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from fl.core.batches import augment, batch_indices
-from fl.core.federated_data import FederatedData, Split
+from fl.core.federated_data import FederatedData, Split, rows_to
 from fl.core.optim import build_optimizer, finetune_lr, round_lr
 from fl.core.registry import build_model
 from fl.core.seeding import generator, seed_torch
@@ -178,11 +178,11 @@ class ClientModule(L.LightningModule):
         first (`data.augment`), as training batches are, then shifted by its owner's client transform when
         the split has owners (`data.client_transform_after_augment`)."""
         device = self.fabric.device if self.fabric is not None else next(self.parameters()).device
-        x, y = split.x[idx].to(device, non_blocking=True), split.y[idx].to(device, non_blocking=True)
+        x, y = rows_to(split.x, idx, device), rows_to(split.y, idx, device)
         if augment_gen is not None:
             x = augment(x, self.cfg.data.augment, augment_gen)
         if split.owner is not None:
-            x = self.data.batch_transform(x, split.owner[idx])
+            x = self.data.batch_transform(x, rows_to(split.owner, idx, device))
         return self.data.prepare(x, self._input_dtype), y
 
     def fit_local(self, optimizer, *, epochs: Optional[int] = None, steps: Optional[int] = None,

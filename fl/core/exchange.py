@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from lightning.fabric import Fabric
 
 
@@ -85,6 +86,31 @@ def gather_objects(fabric: Fabric, obj: Any) -> list[Any]:
     if fabric.world_size == 1:
         return [obj]
     return [fabric.broadcast(obj if fabric.global_rank == src else None, src=src) for src in range(fabric.world_size)]
+
+
+def gather_to_zero(fabric: Fabric, obj: Any) -> Optional[list[Any]]:
+    """Every process's `obj`, in rank order, on process 0 only (None on the others), through host memory. Fabric
+    offers no gather to one process: torch.distributed's gather_object over a gloo group, since under NCCL an
+    object collective stages the pickled payload in GPU memory (and a broadcast would send it to every process)."""
+    if fabric.world_size == 1:
+        return [obj]
+    parts = [None] * fabric.world_size if fabric.global_rank == 0 else None
+    dist.gather_object(obj, parts, dst=0, group=host_group())
+    return parts
+
+
+_HOST_GROUP: dict[str, Any] = {}
+
+
+def host_group() -> Optional[dist.ProcessGroup]:
+    """A process group whose object collectives stay in host memory: the default one when it has a gloo backend
+    (CPU runs), else a gloo group over the same processes, created at the first call (a collective call: every
+    process makes it at the same point of the run)."""
+    if "gloo" in dist.get_backend():  # "gloo", or "cpu:gloo,cuda:nccl" (object collectives then take the CPU one)
+        return None
+    if _HOST_GROUP.get("world") is not dist.group.WORLD:  # one per default group (a new run in this process)
+        _HOST_GROUP.update(world=dist.group.WORLD, group=dist.new_group(backend="gloo"))
+    return _HOST_GROUP["group"]
 
 
 def payload_bytes(obj: Any) -> int:

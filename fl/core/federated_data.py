@@ -45,6 +45,26 @@ class Split:
                      join([s.domain for s in splits]), join(owners))
 
 
+def rows_to(t: Tensor, idx, device: torch.device) -> Tensor:
+    """t[idx] (idx: a slice or an index tensor on t's device) on `device`, by a non-blocking copy. From host memory to
+    a CUDA device the rows are gathered straight into pinned memory: a copy from pageable memory makes the host wait
+    until it is done (and so for the GPU's queue ahead of it), one from pinned memory does not."""
+    host_index = isinstance(idx, slice) or (torch.is_tensor(idx) and idx.device.type == "cpu")
+    if t.device.type != "cpu" or torch.device(device).type != "cuda" or not host_index:
+        return t[idx].to(device, non_blocking=True)
+    return gather_rows(t, idx, pin=True).to(device, non_blocking=True)
+
+
+def gather_rows(t: Tensor, idx, pin: bool) -> Tensor:
+    """t[idx] (idx: a slice, an index or a boolean mask) in a new tensor, in pinned memory if `pin` (torch's caching
+    host allocator recycles it once the copies that read it are done)."""
+    if isinstance(idx, slice) or idx.dtype == torch.bool:
+        rows = t[idx]
+        return torch.empty(rows.shape, dtype=t.dtype, pin_memory=pin).copy_(rows)
+    out = torch.empty((len(idx),) + tuple(t.shape[1:]), dtype=t.dtype, pin_memory=pin)
+    return torch.index_select(t, 0, idx, out=out)
+
+
 @dataclass
 class Target:
     """A target client with its own label distribution (FedPALS): validation and test data follow it."""
@@ -79,6 +99,9 @@ class FederatedData:
     # (uint8 batch, owner per sample) -> batch: a covariate shift applied after augmentation to batches of
     # splits with an `owner` (data.client_transform_after_augment), as pipelines that crop first do
     batch_transform: Optional[Callable[[Tensor, Tensor], Tensor]] = field(default=None, repr=False)
+    # (device, dtype, ndim) -> (mean, std) shaped to broadcast over a batch, built by prepare() on first use
+    _normalisation: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _pooled_test: Optional[Split] = field(default=None, init=False, repr=False, compare=False)  # see pooled_test()
 
     def prepare(self, x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """A batch as the model sees it: uint8 images become normalised floats; float inputs pass through."""
@@ -86,10 +109,19 @@ class FederatedData:
             return x
         x = x.to(dtype).div_(255)
         if self.mean is not None:
-            shape = (1, -1) + (1,) * (x.dim() - 2)
-            x = x.sub_(torch.tensor(self.mean, dtype=dtype, device=x.device).view(shape)).div_(
-                torch.tensor(self.std, dtype=dtype, device=x.device).view(shape))
+            mean, std = self._mean_std(x.device, dtype, x.dim())
+            x = x.sub_(mean).div_(std)
         return x
+
+    def _mean_std(self, device: torch.device, dtype: torch.dtype, ndim: int) -> tuple[Tensor, Tensor]:
+        """mean and std as tensors on `device`, made once: a tensor built from a list on a GPU is a blocking
+        host-to-device copy, which per batch would stall the GPU."""
+        key = (device, dtype, ndim)
+        if key not in self._normalisation:
+            shape = (1, -1) + (1,) * (ndim - 2)
+            self._normalisation[key] = (torch.tensor(self.mean, dtype=dtype, device=device).view(shape),
+                                        torch.tensor(self.std, dtype=dtype, device=device).view(shape))
+        return self._normalisation[key]
 
     @property
     def num_clients(self) -> int:
@@ -112,7 +144,15 @@ class FederatedData:
                             for c in self.clients])
 
     def pooled_test(self) -> Split:
-        return self.global_test if self.global_test is not None else Split.cat([c.test for c in self.clients])
+        """The global test set, or else the union of the clients' test splits, made on first use and kept: evaluators
+        ask for it every evaluation round, and each union is a copy on the data's device (which it now holds for the
+        run, as every evaluation held it before). The splits are final once fl/data has built them; `to` and
+        `validation_view` make new objects, with their own union."""
+        if self.global_test is not None:
+            return self.global_test
+        if self._pooled_test is None:
+            self._pooled_test = Split.cat([c.test for c in self.clients])
+        return self._pooled_test
 
     def pooled_train(self) -> Split:
         """The training data of the clients that train (new clients' data stays theirs)."""

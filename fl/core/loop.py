@@ -33,6 +33,7 @@ from fl.core.exchange import (
                               all_finite,
                               exchange,
                               gather_objects,
+                              gather_to_zero,
                               payload_bytes,
                               to_cpu,
 )
@@ -404,9 +405,10 @@ class Orchestrator:
 
     def client_states(self) -> dict:
         """Every process's part of the store, for the checkpoint (the only time states cross processes): the
-        states themselves (in memory) or which round's file holds each (state.cache_mb)."""
-        parts = gather_objects(self.fabric, self.store.state_dict())
-        return {cid: s for part in parts for cid, s in sorted(part.items())}
+        states themselves (in memory) or which round's file holds each (state.cache_mb). Gathered on process 0,
+        the one that writes the checkpoint; the others get {}."""
+        parts = gather_to_zero(self.fabric, self.store.state_dict())
+        return {} if parts is None else {cid: s for part in parts for cid, s in sorted(part.items())}
 
     def restore(self, state: dict, path: Path) -> None:
         """Continue from a checkpoint (read by state.read_checkpoint); raises CheckpointError when it does not

@@ -77,7 +77,7 @@ def load_or_generate(root: str, num_classes: int, samples_per_class: int, channe
     if path.is_file():
         n = num_classes * samples_per_class
         try:
-            blob = torch.load(path)
+            blob = torch.load(path, map_location="cpu", weights_only=True)
             x, y = blob["x"], blob["y"]
             if x.dtype == torch.uint8 and x.shape == (n, channels, size, size) and y.shape == (n,):
                 return x, y

@@ -9,13 +9,12 @@ from typing import Optional
 import numpy as np
 import torch
 from omegaconf import DictConfig
-from torch import Tensor
 
 from fl.config import ConfigError
 from fl.core import ClientData, FederatedData, Split, Target, derive_seed
 from fl.data import partition as P
 from fl.data.base import Pool
-from fl.data.transforms import CLIENT_TRANSFORMS, corrupt, frost_dir_default
+from fl.data.transforms import CLIENT_TRANSFORMS, corrupt, feddrm_color_by_owner, frost_dir_default
 
 
 def _rng(seed: int, purpose: str) -> np.random.Generator:
@@ -332,8 +331,8 @@ def _apply_client_transform(clients: list[ClientData], d: DictConfig, seed: int)
             continue
         # one call on all splits together: random corruptions (noise, blur angle) then differ per image
         _transform_splits(_splits(c), shift)
-    if per_batch:
-        return functools.partial(_shift_by_owner, fn, num_clients, seed, level)
+    if per_batch:  # (batch, owners) -> batch, on the batch's device
+        return functools.partial(feddrm_color_by_owner, num_clients=num_clients, level=level)
     return None
 
 
@@ -346,12 +345,3 @@ def _transform_splits(splits: list[Split], fn) -> None:
     out = fn(torch.cat([s.x for s in splits]))
     for split, part in zip(splits, out.split([len(s) for s in splits])):
         split.x = part
-
-
-def _shift_by_owner(fn, num_clients: int, seed: int, level: str, x: Tensor, owner: Tensor) -> Tensor:
-    """Each sample of the batch shifted by its owner's transform."""
-    out = x.clone()
-    for cid in owner.unique().tolist():
-        rows = owner == cid
-        out[rows] = fn(x[rows], cid, num_clients, seed, level).to(out.device)
-    return out

@@ -22,6 +22,7 @@ import math
 import os
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -80,32 +81,35 @@ def feddrm_params(client: int, num_clients: int, level: str = "auto") -> tuple[f
     return g[client & 1], h[(client >> 1) & 1], s[(client >> 2) & 1], False
 
 
-def feddrm_color(x: Tensor, client: int, num_clients: int, level: str = "auto", backend: str = "pil") -> Tensor:
+def feddrm_color(x: Tensor, client: int, num_clients: int, level: str = "auto", backend: str = "tensor",
+                 chunk: int = 4096) -> Tensor:
     """Saturation -> hue -> gamma [-> posterize], the official order (ordering matters).
 
     Deterministic. The official pipeline's RandomResizedCrop(32, scale=(0.9, 1)) comes first and is
     stochastic, so it is not part of this function: apply it on the fly to the cached colour-shifted
-    images.
+    images (or shift each batch after its crop: `feddrm_color_by_owner`).
 
-    backend "pil" (default) runs torchvision's functional ops on PIL images, as the official code does
-    on CIFAR's PIL images, and matches it bit for bit (about 0.5 ms per 32x32 image), with one
-    deliberate exception: ops with identity parameters are skipped, so client 13 of the pool is the
-    identity (gamma 1, hue 0, saturation 1, App. F.2.1). The official code still runs PIL's 8-bit HSV
-    round trip at hue 0, which moves about a third of the pixels by 0.5 grey levels on average (max 6).
-    "tensor" runs the same ops batched on uint8 tensors (any device); PIL quantises hue to 8 bits, so
-    the two differ by about one grey level on average and more on near-grey pixels.
+    The official code runs torchvision's functional ops on CIFAR's PIL images. backend "tensor" (default) computes
+    the same ops batched in torch on any device, with PIL's integer and float32/float64 arithmetic step by step
+    (`_pil_saturation`, `_pil_hue`, `_pil_gamma_table`, `_POSTERIZE_MASK`): it equals backend "pil" (PIL itself,
+    about 0.5 ms per 32x32 image on a CPU) bit for bit (tested). One deliberate exception to the official code in
+    both: ops with identity parameters are skipped, so client 13 of the pool is the identity (gamma 1, hue 0,
+    saturation 1, App. F.2.1); the official code still runs PIL's 8-bit HSV round trip at hue 0, which moves about a
+    third of the pixels by 0.5 grey levels on average (max 6).
     """
     _check_images(x)
+    _check_client(client, num_clients)
+    if backend == "tensor":
+        owner = torch.full((len(x),), client, dtype=torch.int64, device=x.device)
+        parts = [feddrm_color_by_owner(x[i:i + chunk], owner[i:i + chunk], num_clients, level)
+                 for i in range(0, len(x), chunk)]  # chunks bound the float64 intermediates
+        return torch.cat(parts) if parts else x.clone()
+    if backend != "pil":
+        raise ValueError(f"unknown backend {backend!r}: expected pil or tensor")
     gamma, hue, sat, posterize = feddrm_params(client, num_clients, level)
     ops = [(TF.adjust_saturation, sat, 1.0), (TF.adjust_hue, hue, 0.0), (TF.adjust_gamma, gamma, 1.0),
            (TF.posterize, FEDDRM_POSTERIZE_BITS if posterize else 8, 8)]
     ops = [(fn, value) for fn, value, identity in ops if value != identity]
-    if backend == "tensor":
-        for fn, value in ops:
-            x = fn(x, value)
-        return x
-    if backend != "pil":
-        raise ValueError(f"unknown backend {backend!r}: expected pil or tensor")
     if not ops:
         return x
     out = torch.empty_like(x, device="cpu")
@@ -115,6 +119,100 @@ def feddrm_color(x: Tensor, client: int, num_clients: int, level: str = "auto", 
             pil = fn(pil, value)
         out[i] = TF.pil_to_tensor(pil)
     return out.to(x.device)
+
+
+def feddrm_color_by_owner(x: Tensor, owner: Tensor, num_clients: int, level: str = "auto") -> Tensor:
+    """Each image shifted by its owner's `feddrm_color`, the whole batch at once on its device (a training batch of
+    pooled clients, shifted after its crop): per-image parameters are looked up by owner, so nothing waits for the
+    host. Equal to `feddrm_color` image by image, bit for bit."""
+    _check_images(x)
+    table = _feddrm_table(num_clients, level, x.device)
+    owner = owner.to(x.device, non_blocking=True)
+    per_image = lambda t: t[owner].view(-1, 1, 1, 1)  # noqa: E731
+    x = torch.where(per_image(table.sat_on), _pil_saturation(x, per_image(table.sat)), x)
+    x = torch.where(per_image(table.hue_on), _pil_hue(x, per_image(table.hue_shift)), x)
+    x = table.gamma.view(-1)[owner.view(-1, 1, 1, 1) * 256 + x.long()]  # identity tables where gamma is 1
+    return x & per_image(table.mask)
+
+
+@dataclass(frozen=True)
+class _FedDRMTable:
+    """Every client's colour shift as tensors indexed by client (one lookup per batch on the device)."""
+    sat: Tensor  # float32 saturation factor
+    sat_on: Tensor  # bool: saturation is not the identity
+    hue_shift: Tensor  # int32, added to PIL's 8-bit hue modulo 256
+    hue_on: Tensor
+    gamma: Tensor  # uint8 [M, 256] lookup table
+    mask: Tensor  # uint8 posterize mask (255: none)
+
+
+@functools.lru_cache(maxsize=16)
+def _feddrm_table(num_clients: int, level: str, device: torch.device) -> _FedDRMTable:
+    params = [feddrm_params(c, num_clients, level) for c in range(num_clients)]
+    gamma = [_pil_gamma_table(g) if g != 1.0 else list(range(256)) for g, _, _, _ in params]
+    # torchvision's PIL adjust_hue adds np.int32(hue * 255) to the uint8 hue, wrapping around
+    shift = [int(np.int32(h * 255)) % 256 for _, h, _, _ in params]
+    return _FedDRMTable(sat=torch.tensor([s for _, _, s, _ in params], dtype=torch.float32, device=device),
+                        sat_on=torch.tensor([s != 1.0 for _, _, s, _ in params], device=device),
+                        hue_shift=torch.tensor(shift, dtype=torch.int32, device=device),
+                        hue_on=torch.tensor([h != 0.0 for _, h, _, _ in params], device=device),
+                        gamma=torch.tensor(gamma, dtype=torch.uint8, device=device),
+                        mask=torch.tensor([_POSTERIZE_MASK if p else 255 for _, _, _, p in params], dtype=torch.uint8,
+                                          device=device))
+
+
+_POSTERIZE_MASK = ~(2 ** (8 - FEDDRM_POSTERIZE_BITS) - 1) & 255  # PIL's ImageOps.posterize keeps the top bits
+
+
+def _pil_gamma_table(gamma: float) -> list[int]:
+    """torchvision's PIL adjust_gamma lookup table (gain 1), value for value."""
+    return [int((255 + 1 - 1e-3) * pow(v / 255.0, gamma)) for v in range(256)]
+
+
+def _pil_saturation(x: Tensor, factor: Tensor) -> Tensor:
+    """PIL's ImageEnhance.Color: Image.blend of the greyscale image ("L": ITU-R 601 in 16-bit fixed point) and the
+    image with a float32 factor, truncated (and clipped when extrapolating)."""
+    r, g, b = x.int().unbind(1)
+    grey = ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16).unsqueeze(1).float()
+    return (grey + factor * (x.float() - grey)).clamp(0, 255).trunc().to(torch.uint8)
+
+
+def _c_round(v: Tensor) -> Tensor:
+    """C's round() of non-negative values: halves away from zero (torch.round rounds them to even)."""
+    down = v.floor()
+    return torch.where(v - down >= 0.5, down + 1, down)
+
+
+def _pil_hue(x: Tensor, shift: Tensor) -> Tensor:
+    """torchvision's PIL adjust_hue: PIL's RGB -> HSV (8-bit h, s, v), h + shift modulo 256, HSV -> RGB, with the
+    float32 and float64 steps of Pillow's Convert.c (rgb2hsv_row, hsv2rgb) reproduced as C evaluates them."""
+    c = x.int()
+    r, g, b = c.unbind(1)
+    maxc, minc = c.amax(1), c.amin(1)
+    grey = maxc == minc
+    cr = torch.where(grey, 1, maxc - minc).float()
+    sat = cr / maxc.clamp(min=1).float()
+    rc, gc, bc = ((maxc - r).float() / cr, (maxc - g).float() / cr, (maxc - b).float() / cr)
+    h = torch.where(r == maxc, bc - gc, torch.where(g == maxc, (2.0 + rc.double() - bc.double()).float(),
+                                                    (4.0 + gc.double() - rc.double()).float()))
+    h = torch.fmod(h.double() / 6.0 + 1.0, 1.0).float()
+    hue = torch.where(grey, 0, (h.double() * 255.0).trunc().clamp(0, 255).int())
+    s = torch.where(grey, 0, (sat.double() * 255.0).trunc().clamp(0, 255).int())
+    hue = (hue + shift.view(-1, 1, 1)) % 256
+
+    sector = hue.double() * 6.0 / 255.0
+    i = sector.floor()
+    f = (sector - i).float()
+    fs = (s.double() / 255.0).float()
+    v = maxc.double()  # PIL's v: the max of r, g, b
+    p = _c_round(v * (1.0 - fs.double())).clamp(0, 255).to(torch.uint8)
+    q = _c_round(v * (1.0 - (fs * f).double())).clamp(0, 255).to(torch.uint8)
+    t = _c_round(v * (1.0 - fs.double() * (1.0 - f.double()))).clamp(0, 255).to(torch.uint8)
+    v = maxc.to(torch.uint8)
+    cases = torch.stack([torch.stack(rgb, 1) for rgb in
+                         ((v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q))])  # [6, B, 3, H, W]
+    rgb = cases.gather(0, (i.long() % 6).view(1, -1, 1, *i.shape[1:]).expand(1, -1, 3, -1, -1))[0]
+    return torch.where((s == 0).unsqueeze(1), v.unsqueeze(1), rgb)
 
 
 # --------------------------------------------------------------------------------------------------

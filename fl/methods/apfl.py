@@ -81,7 +81,7 @@ class APFLClient(ClientModule):
             with torch.no_grad():  # <v - w, grad f(vbar)>, taken at the same iterate as the model steps
                 self.alpha = (alpha - lr * alpha.grad).clamp(0.0, 1.0)
         return {"loss": (ce + ce_mixed).detach(), "ce": ce.detach(), "mixed_ce": ce_mixed.detach(),
-                "alpha": float(self.alpha)}
+                "alpha": self.alpha}  # a tensor: float() would wait for the GPU every step
 
     def predict(self, x: Tensor) -> Tensor:
         return self.model(x) if self.cid < 0 else self.mixed_logits(x, self.alpha)

@@ -98,6 +98,7 @@ class SystemAccuracy(Evaluator):
         K = data.num_classes
         counts = torch.zeros(2, dtype=torch.float64, device=device)  # [routed correct, oracle correct]
         votes = None if route is not None else torch.zeros(offsets[-1], K, dtype=torch.float32, device=device)
+        routed = None if route is None else routed_queries(route, sizes)
         for c in range(rank, data.num_clients, world):
             ctx.load_client(c)
             m.personalize()
@@ -108,7 +109,7 @@ class SystemAccuracy(Evaluator):
                         continue
                     if route is not None:  # only the queries routed to c, and c's own ones for the oracle
                         mine = route[offsets[j]:offsets[j + 1]] == c
-                        idx = torch.arange(sizes[j], device=device) if j == c else mine.nonzero().flatten()
+                        idx = torch.arange(sizes[j], device=device) if j == c else routed(c, j)
                     else:
                         idx = torch.arange(sizes[j], device=device)
                     for b in range(0, len(idx), bs):
@@ -134,6 +135,21 @@ class SystemAccuracy(Evaluator):
             labels = torch.cat([s.y.to(device) for s in tests])
             out["test/system_acc"] = float((majority_vote(votes) == labels).sum()) / total
         return out
+
+
+def routed_queries(route: Tensor, sizes: list[int]):
+    """(c, j) -> positions in test split j of the queries routed to client c, ascending (route: the client of every
+    pooled query, splits in order). One sort and one transfer to the host for all pairs: a nonzero() per pair would
+    make the host wait for the GPU M^2 times per evaluation."""
+    m = len(sizes)
+    split_of = torch.repeat_interleave(torch.arange(m), torch.tensor(sizes)).to(route.device, non_blocking=True)
+    key = route * m + split_of  # pairs (c, j) in order, each query's position ascending within its pair
+    order = torch.argsort(key, stable=True)
+    bounds = torch.searchsorted(key[order], torch.arange(m * m + 1, device=route.device)).tolist()
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + n)
+    return lambda c, j: order[bounds[c * m + j]:bounds[c * m + j + 1]] - starts[j]
 
 
 def routing_accuracy(route: Tensor, offsets: list[int], sizes: list[int], train_sizes: list[int], key: str) -> dict:

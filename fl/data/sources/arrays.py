@@ -38,7 +38,7 @@ def _read(path: Path) -> dict:
             with np.load(path, allow_pickle=False) as f:
                 blob = {k: f[k] for k in f.files}
         else:
-            blob = torch.load(path, weights_only=True)
+            blob = torch.load(path, map_location="cpu", weights_only=True)  # tensors saved from a GPU load anywhere
         if not isinstance(blob, dict):
             raise TypeError
         return blob

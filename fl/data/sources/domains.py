@@ -86,7 +86,7 @@ def cached_images(base: Path, size: int, splits: dict[str, list[Entry]], obtain:
     cache = base / f".fl_cache_{size}.pt"
     if cache.is_file():
         try:
-            blob = torch.load(cache, weights_only=True)
+            blob = torch.load(cache, map_location="cpu", weights_only=True)
             if blob.get("key") == key:
                 return {name: blob[name] for name in splits}
         except Exception:  # a corrupt or foreign cache is rebuilt, never trusted

@@ -127,7 +127,8 @@ def cv_parts(z: Tensor, y: Tensor, glob: tuple[Tensor, Tensor], k: int, cov_reg:
 
 def cv_objective(parts, glob: tuple[Tensor, Tensor], log_prior: Tensor, shrink_eps: float):
     """J(beta_mu, beta_cov) = sum over folds of the mean held-out cross-entropy of the LDA head of the
-    interpolated statistics (Eq. 9 in the official code's scaling).
+    interpolated statistics (Eq. 9 in the official code's scaling), for tensors of betas of any one shape at once
+    (one value per pair, same shape; autograd passes through).
 
     The shrunk covariance is affine in beta: A + beta B with A = shrink(Sigma_g) (PD) and
     B = shrink(Sigma_hat) - A. With A = L L^T and L^-1 B L^-T = Q diag(lam) Q^T (one Cholesky and one symmetric
@@ -147,62 +148,79 @@ def cv_objective(parts, glob: tuple[Tensor, Tensor], log_prior: Tensor, shrink_e
         terms.append((lam, zv @ P.T, mu_g @ P.T, (mu_hat - mu_g) @ P.T, yv))
 
     def J(beta_mu: Tensor, beta_cov: Tensor) -> Tensor:
-        total = 0.0
-        for lam, zp, m0, m1, yv in terms:
-            s = 1.0 / (1.0 + beta_cov * lam)
-            m = m0 + beta_mu * m1
-            logits = (zp * s) @ m.T - 0.5 * (m * m * s).sum(1) + log_prior
-            total = total + F.cross_entropy(logits, yv)  # mean per fold, summed over folds (code)
-        return total
+        """J at each pair (beta_mu[i], beta_cov[i]), as a tensor of their shape: no value is read on the host."""
+        values = []
+        for bm, bc in zip(beta_mu.reshape(-1), beta_cov.reshape(-1)):
+            # pair by pair with one expression: batching the pairs changes J in its last bits (batched and single
+            # small matrix products, the loss's reduction), and that is enough to move the chosen beta by 1e-7
+            total = 0.0
+            for lam, zp, m0, m1, yv in terms:
+                s = 1.0 / (1.0 + bc * lam)
+                m = m0 + bm * m1
+                logits = (zp * s) @ m.T - 0.5 * (m * m * s).sum(1) + log_prior
+                total = total + F.cross_entropy(logits, yv)  # mean per fold, summed over folds (code)
+            values.append(total)
+        return torch.stack(values).view(beta_mu.shape)
 
     return J
 
 
-def golden_section(f: Callable[[float], float], lo: float, hi: float, tol: float) -> tuple[float, float]:
-    """Golden-section search for a minimum of f on [lo, hi]: (argument, value) to within tol."""
-    ratio = (math.sqrt(5) - 1) / 2
-    c, d = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+def golden_section(f: Callable[[Tensor], Tensor], lo: Tensor, hi: Tensor, tol: float,
+                   width: float) -> tuple[Tensor, Tensor]:
+    """Golden-section search for a minimum of f on [lo, hi] (0-dim tensors, hi - lo <= width): (argument, value)
+    to within tol, as tensors. The bracket shrinks by GOLDEN per step, so the steps to reach tol are known in
+    advance: each runs on the device whatever the comparisons, and changes nothing once the bracket is within tol
+    (a classic `while hi - lo > tol` loop would read every comparison on the host)."""
+    steps = max(0, math.ceil(math.log(tol / width) / math.log(GOLDEN))) + 3  # +3: rounding of the bracket
+    c, d = hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo)
     fc, fd = f(c), f(d)
-    while hi - lo > tol:
-        if fc <= fd:
-            hi, d, fd = d, c, fc
-            c = hi - ratio * (hi - lo)
-            fc = f(c)
-        else:
-            lo, c, fc = c, d, fd
-            d = lo + ratio * (hi - lo)
-            fd = f(d)
-    return (c, fc) if fc <= fd else (d, fd)
+    for _ in range(steps):
+        active, left = hi - lo > tol, fc <= fd  # left: the minimum is in [lo, d]; else in [c, hi]
+        new_lo, new_hi = torch.where(left, lo, c), torch.where(left, d, hi)
+        probe = torch.where(left, new_hi - GOLDEN * (new_hi - new_lo), new_lo + GOLDEN * (new_hi - new_lo))
+        f_probe = f(probe)
+        new = (new_lo, new_hi, torch.where(left, probe, d), torch.where(left, c, probe),
+               torch.where(left, f_probe, fd), torch.where(left, fc, f_probe))
+        lo, hi, c, d, fc, fd = (torch.where(active, n, o) for n, o in zip(new, (lo, hi, c, d, fc, fd)))
+    return torch.where(fc <= fd, c, d), torch.minimum(fc, fd)
 
 
-def bounded_min(f: Callable[..., float], dims: int, tol: float = 1e-7) -> tuple[tuple[float, ...], float]:
-    """The minimum of f over [0, 1]^dims (dims 1 or 2): the best point of a uniform grid (21 points, resp. 11 x 11),
-    refined by golden-section search on each coordinate within one grid step of it (in 2-D, coordinate by
-    coordinate until the point stops moving).
-    Non-finite values count as +inf, so the search cannot fail; returns (point, value), value = inf when f is
-    nowhere finite."""
-    def value(point) -> float:
-        v = f(*point)
-        return v if math.isfinite(v) else math.inf
+def bounded_min(f: Callable[[Tensor], Tensor], dims: int, device=None, tol: float = 1e-7) -> tuple[Tensor, Tensor]:
+    """The minimum of f over [0, 1]^dims (dims 1 or 2; f maps points [G, dims] to values [G], float64): the best point
+    of a uniform grid (21 points, resp. 11 x 11, given to f in one call), refined by golden-section search on each
+    coordinate within one grid step of it (in 2-D, coordinate by coordinate until the point stops moving).
+    Non-finite values count as +inf, so the search cannot fail; returns (point [dims], value) as tensors on
+    `device`, value = inf when f is nowhere finite. Nothing is read on the host but, in 2-D, whether a sweep moved
+    the point."""
+    def value(points: Tensor) -> Tensor:
+        v = f(points)
+        return torch.where(torch.isfinite(v), v, math.inf)
 
     n = 21 if dims == 1 else 11
-    axis = [i / (n - 1) for i in range(n)]
-    grid = [(a,) for a in axis] if dims == 1 else [(a, b) for a in axis for b in axis]
-    values = [value(p) for p in grid]
-    best = min(range(len(grid)), key=values.__getitem__)
-    point, fbest = list(grid[best]), values[best]
-    if not math.isfinite(fbest):
-        return tuple(point), fbest
+    step = 1 / (n - 1)
+    axis = torch.arange(n, dtype=torch.float64, device=device) / (n - 1)
+    grid = axis.view(-1, 1) if dims == 1 else torch.cartesian_prod(axis, axis)
+    values = value(grid)
+    best = torch.argmin(values).view(1)  # the first of equal minima
+    point, fbest = grid.index_select(0, best)[0], values.index_select(0, best)[0]
     for _ in range(1 if dims == 1 else 8):  # in 2-D: coordinate sweeps until the point stops moving
-        moved = 0.0
+        moved = torch.zeros((), dtype=torch.float64, device=device)
         for i in range(dims):
-            lo, hi = max(0.0, point[i] - 1 / (n - 1)), min(1.0, point[i] + 1 / (n - 1))
-            t, ft = golden_section(lambda t, i=i: value(point[:i] + [t] + point[i + 1:]), lo, hi, tol)
-            if ft < fbest:  # the bracket's ends are grid points already seen: keep the best value
-                moved, point[i], fbest = max(moved, abs(t - point[i])), t, ft
-        if moved < 10 * tol:
+            def along(t: Tensor, i=i, base=point) -> Tensor:
+                return value(torch.cat([base[:i], t.view(1), base[i + 1:]]).view(1, -1))[0]
+
+            lo, hi = (point[i] - step).clamp(min=0.0), (point[i] + step).clamp(max=1.0)
+            t, ft = golden_section(along, lo, hi, tol, 2 * step)
+            better = ft < fbest  # the bracket's ends are grid points already seen: keep the best value
+            moved = torch.where(better, torch.maximum(moved, (t - point[i]).abs()), moved)
+            point = torch.where(better, torch.cat([point[:i], t.view(1), point[i + 1:]]), point)
+            fbest = torch.where(better, ft, fbest)
+        if dims > 1 and bool(moved < 10 * tol):  # one read per sweep
             break
-    return tuple(point), fbest
+    return point, fbest
 
 
 def solve_beta(z: Tensor, y: Tensor, glob: tuple[Tensor, Tensor], log_prior: Tensor, *, mode: str, k: int,
@@ -231,11 +249,6 @@ def solve_beta(z: Tensor, y: Tensor, glob: tuple[Tensor, Tensor], log_prior: Ten
     except RuntimeError:  # a failed factorisation of the global covariance: keep the previous beta (code)
         return BetaResult(prev[0], prev[1], True)
 
-    def objective(*b: float) -> float:
-        with torch.no_grad():
-            t = torch.tensor(b, dtype=torch.float64, device=z.device)
-            return float(J(t[0], t[-1]))
-
     fallback = False
     if solver == "lbfgs":
         try:
@@ -245,7 +258,9 @@ def solve_beta(z: Tensor, y: Tensor, glob: tuple[Tensor, Tensor], log_prior: Ten
         except (RuntimeError, IndexError, ValueError):  # the line search's failures on degenerate banks
             pass
         fallback = True
-    b, loss = bounded_min(objective, dims)
+    with torch.no_grad():
+        point, loss = bounded_min(lambda b: J(b[:, 0], b[:, -1]), dims, z.device)
+        *b, loss = torch.cat([point, loss.view(1)]).tolist()  # the search's one transfer to the host
     if not math.isfinite(loss):  # the objective is nowhere finite: keep the previous beta
         return BetaResult(prev[0], prev[1], True)
     return BetaResult(b[0], b[-1], fallback, loss)
