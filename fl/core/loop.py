@@ -25,13 +25,13 @@ from fl.core.client import ClientModule, Upload
 from fl.core.context import EvalContext, RoundContext
 from fl.core.evaluation import Evaluator, evaluate_clients
 from fl.core.exchange import (
-    LocalResult,
-    WeightedSum,
-    all_finite,
-    exchange,
-    gather_objects,
-    payload_bytes,
-    to_cpu,
+                              LocalResult,
+                              WeightedSum,
+                              all_finite,
+                              exchange,
+                              gather_objects,
+                              payload_bytes,
+                              to_cpu,
 )
 from fl.core.federated_data import FederatedData
 from fl.core.optim import build_optimizer, is_finetune_round
