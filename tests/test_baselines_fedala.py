@@ -297,8 +297,6 @@ def test_resume_equals_uninterrupted(out, monkeypatch):
 def test_config_errors(out, capsys):
     assert main(tiny(out, "method.name=fedala", "finetune.after_round=1")) == 2
     assert "finetune.after_round" in capsys.readouterr().err
-    assert main(tiny(out, "method.name=fedala", "fabric.precision=16-mixed")) == 2
-    assert "method.eta" in capsys.readouterr().err
 
 
 def test_config_holds_the_papers_values():

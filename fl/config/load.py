@@ -312,9 +312,9 @@ def validate(cfg: DictConfig) -> None:
     if cfg.trainer.local_steps is None and cfg.trainer.local_epochs is None:
         raise ConfigError("trainer.local_epochs and trainer.local_steps are both null; set one of them")
     if cfg.fabric.strategy.startswith("ddp") and cfg.fabric.accelerator == "cpu" and cfg.fabric.precision not in (
-            "32-true", "32", "64-true", "64", "bf16-mixed"):
+            "32-true", "32", "64-true", "64", "bf16-mixed", "16-mixed"):
         raise ConfigError(f"fabric.precision={cfg.fabric.precision!r} is not supported on CPU; "
-                          "use 32-true, 64-true or bf16-mixed")
+                          "use 32-true, 64-true, bf16-mixed or 16-mixed")
 
 
 def _method_name(*sources) -> Any:

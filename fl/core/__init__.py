@@ -8,6 +8,7 @@ from fl.core.evaluation import Evaluator, GroupedAccuracy, summarize_clients
 from fl.core.federated_data import ClientData, FederatedData, Split, Target
 from fl.core.loop import Interrupted, Orchestrator, TrainingFault, make_client_module, sample_clients
 from fl.core.optim import build_optimizer, finetune_lr, round_lr
+from fl.core.precision import float32_island, loss_scaler
 from fl.core.registry import (
                               METHODS,
                               MethodSpec,
@@ -28,4 +29,5 @@ __all__ = ["METHODS", "MethodSpec", "build_model", "load_plugins", "register_aug
            "ClientData", "FederatedData", "Split", "Target", "augment", "batch_indices", "build_optimizer",
            "finetune_lr", "round_lr", "HEAD", "ClientModule", "Upload", "EvalContext", "RoundContext", "Server",
            "Evaluator", "GroupedAccuracy", "summarize_clients", "Interrupted", "Orchestrator", "TrainingFault",
-           "make_client_module", "sample_clients", "CheckpointError", "latest_checkpoint", "Callback", "EarlyStopping"]
+           "make_client_module", "sample_clients", "CheckpointError", "latest_checkpoint", "Callback", "EarlyStopping",
+           "float32_island", "loss_scaler"]

@@ -40,10 +40,13 @@ from fl.core.exchange import (
 from fl.core.federated_data import FederatedData
 from fl.core.optim import build_optimizer, is_finetune_round
 from fl.core.parallel import ParallelClients, why_sequential
+from fl.core.precision import loss_scaler
 from fl.core.registry import EVALUATORS, METHODS
 from fl.core.seeding import derive_seed, seed_torch
 from fl.core.server import Server
 from fl.core.state import CheckpointError, ClientStateStore, host_memory_bytes, make_state_store, save_checkpoint
+
+LOSS_SCALE = "loss_scale"  # a client state's entry: its GradScaler state under 16-mixed
 
 
 class TrainingFault(RuntimeError):
@@ -93,10 +96,15 @@ def make_client_module(cfg: DictConfig, fabric: Fabric, data: FederatedData) -> 
     """The method's ClientModule, seeded so every client and the server start from one model, attached to
     the run's data moved to the device in the model's dtype (index batching); returns both. The loop keeps
     one for the whole run; a unit test can drive one client through it without a run. The module refers to
-    `fabric` weakly (Lightning's choice): keep the Fabric alive as long as the module is used."""
-    with fabric.init_module():
+    `fabric` weakly (Lightning's choice): keep the Fabric alive as long as the module is used.
+
+    The initial model is drawn on the CPU, in the dtype Fabric's init context gives, then moved to the device:
+    a CUDA generator draws other numbers than the CPU's (seed 0 would start elsewhere on a GPU), and a draw with
+    a CPU `torch.Generator` fails under Fabric's `torch.device(cuda)` context."""
+    with fabric.init_module(), torch.device("cpu"):  # the innermost device context decides where tensors go
         seed_torch(cfg.seed, 0, -1, "init")
         module: ClientModule = METHODS[cfg.method.name].client_cls(cfg, data)
+    module = module.to(fabric.device)
     dtype = next(module.parameters()).dtype
     data = data.to(fabric.device if cfg.data.on_device else "cpu", dtype)
     module.fabric = fabric  # LightningModule's Fabric integration: manual_backward, autocast
@@ -122,6 +130,9 @@ class Orchestrator:
         self._callback_states = self.callback_states()  # as of the last completed round: what a checkpoint holds
         self.stopped: Optional[dict] = None  # {"round", "reason"} once a hook ended the run (ctx.stop)
         self.module, self.data = make_client_module(cfg, fabric, data)
+        # 16-mixed: the one GradScaler of this process carries each client's own loss scale in turn (load_client)
+        self.scaler = loss_scaler(fabric)
+        self._initial_scale = self.scaler.state_dict() if self.scaler is not None else None
         self.parallel = self._parallel_clients()
         server.setup(self.module, self.data)
         self.ckpt_path = run_dir / "checkpoints" / "last.ckpt"
@@ -298,7 +309,15 @@ class Orchestrator:
         payload = self.server.broadcast(cid)
         self._last_broadcast_bytes = payload_bytes(payload)
         m.receive(payload)
-        m.load_client_state(self.store.get(cid) if cid >= 0 else None)
+        state = self.store.get(cid) if cid >= 0 else None
+        m.load_client_state(state)
+        if self.scaler is not None:
+            # Under 16-mixed every client keeps its own loss scale (and growth count) in its state, from the
+            # initial scale on its first visit: which steps the scaler skips then depends on the client's own
+            # history only, not on the clients this process trained before it nor on a resume, so 1 process ==
+            # N processes and resumed == uninterrupted. (One scale reset every round would skip the first steps
+            # of every client's round again and again.) The global model (cid -1) starts from the initial scale.
+            self.scaler.load_state_dict((state or {}).get(LOSS_SCALE, self._initial_scale))
         return m
 
     def local_work(self, rnd: int, cids: list[int]) -> Iterator[tuple[Upload, LocalResult]]:
@@ -346,7 +365,7 @@ class Orchestrator:
             evaluator.on_local_model(ctx, cid)
         fault = None if math.isfinite(logs.get("loss", 0.0)) and all_finite(upload.params) else (
             f"non-finite loss or parameters in method '{self.cfg.method.name}', client {cid}, round {ctx.round}")
-        new_state = m.client_state()
+        new_state = self.with_loss_scale(m.client_state())
         if m.keep_optimizer_state:
             new_state["optimizer"] = to_cpu(optimizer.state_dict())
         result = LocalResult(cid, new_state, to_cpu(upload.message), logs, fault,
@@ -367,8 +386,15 @@ class Orchestrator:
         fault = None if math.isfinite(logs.get("loss", 0.0)) and all_finite(m.private_state()) else (
             f"non-finite loss or parameters in method '{self.cfg.method.name}' (fine-tuning), client {m.cid}, "
             f"round {ctx.round}")
-        return Upload(weight=float(m.num_train)), LocalResult(m.cid, m.client_state(), {}, logs, fault,
-                                                               bytes_down=self._last_broadcast_bytes if first else 0)
+        result = LocalResult(m.cid, self.with_loss_scale(m.client_state()), {}, logs, fault,
+                             bytes_down=self._last_broadcast_bytes if first else 0)
+        return Upload(weight=float(m.num_train)), result
+
+    def with_loss_scale(self, state: dict) -> dict:
+        """A client's state with its loss scale after its local work (16-mixed; see load_client)."""
+        if self.scaler is not None:
+            state[LOSS_SCALE] = self.scaler.state_dict()
+        return state
 
     def _train_metrics(self, results: list[LocalResult]) -> dict[str, float]:
         metrics: dict[str, float] = {}

@@ -36,6 +36,8 @@ How it maps onto this framework:
   global model. A client that has not trained yet is scored with Theta^0.
 - eta = 0 keeps W_i = 1: the lower layers and the p layers are the global model's, so the run is FedAvg's exactly.
 - Logged per client: `ala_passes` (W passes this round, 0 when ALA is skipped) and `w_mean` (mean of W_i^p).
+- Under mixed precision the W passes are a float32 island: W's gradient steps W directly, not through 16-mixed's
+  loss scaler, and a float16 gradient without a loss scale underflows.
 """
 from __future__ import annotations
 
@@ -50,7 +52,16 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fl.config import ConfigError, MethodConfig, param
-from fl.core import ClientModule, Server, batch_indices, build_optimizer, generator, register_method, seed_torch
+from fl.core import (
+    ClientModule,
+    Server,
+    batch_indices,
+    build_optimizer,
+    float32_island,
+    generator,
+    register_method,
+    seed_torch,
+)
 from fl.methods.fedsam import frozen_running_stats
 
 
@@ -87,6 +98,7 @@ def ala_init(local: Mapping[str, Tensor], glob: Mapping[str, Tensor], W: Mapping
     return {k: torch.lerp(local[k], g, W[k]) if k in W else g for k, g in glob.items()}
 
 
+@float32_island
 def weight_gradients(model: nn.Module, local: Mapping[str, Tensor], glob: Mapping[str, Tensor],
                      W: Mapping[str, Tensor], x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     """The cross-entropy of Theta_hat on (x, y) and its gradient w.r.t. W (Eq. 6): autograd through the mix,
@@ -168,8 +180,7 @@ class FedALAClient(ClientModule):
                         break
                     continue
                 x, y = self.make_batch(train, sample[idx], aug)
-                with self.fabric.autocast():
-                    loss, grads = weight_gradients(self.model, local, glob, self.W, x, y)
+                loss, grads = weight_gradients(self.model, local, glob, self.W, x, y)
                 self.W = weight_step(self.W, grads, float(self.hp.eta))
                 last = loss
         self.start_phase = False
@@ -191,8 +202,6 @@ def resolve(cfg) -> None:
     if cfg.finetune.after_round is not None:
         raise ConfigError("finetune.after_round: method fedala keeps each client's local model already; its local "
                           "fine-tuning rounds are not defined (use finetune.after_round=null)")
-    if cfg.method.eta > 0 and cfg.fabric.precision == "16-mixed":  # W's gradient would not be loss-scaled
-        raise ConfigError("method.eta > 0 needs fabric.precision 32-true, 64-true or bf16-mixed, not 16-mixed")
 
 
 register_method("fedala", FedALAConfig, FedALAClient, Server, resolve)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fl.config import MethodConfig, param
-from fl.core import ClientModule, Server, register_method
+from fl.core import ClientModule, Server, float32_island, register_method
 
 EPS = 1e-8
 
@@ -43,8 +43,10 @@ class FedDecorrConfig(MethodConfig):
                       "Z^T Z / N (its gradient (N-1)^2 d / (N (d-1)) times the paper's: 62.5 at N = 64, d = 128)")
 
 
+@float32_island
 def decorr_loss(features: Tensor, form: str = "paper") -> Tensor:
-    """The decorrelation penalty of a batch of representations [N, d] (see the module docstring)."""
+    """The decorrelation penalty of a batch of representations [N, d] (see the module docstring), in float32 under
+    mixed precision: autocast would run z^T z in half precision."""
     n, d = features.shape
     z = features - features.mean(dim=0, keepdim=True)
     if form == "paper":
@@ -67,7 +69,7 @@ class FedDecorrClient(ClientModule):
         features = self.model.backbone(x)
         logits = self.model.head(features)
         ce = F.cross_entropy(logits, y)
-        decorr = decorr_loss(features.float(), self.hp.form)
+        decorr = decorr_loss(features, self.hp.form)
         return {"loss": ce + self.hp.beta * decorr, "ce": ce.detach(), "decorr": decorr.detach()}
 
 

@@ -63,8 +63,8 @@ class FedNHConfig(MethodConfig):
 def init_prototypes(num_classes: int, dim: int, gen: torch.Generator, kind: str = "orthogonal") -> Tensor:
     """Unit-norm prototypes [C, d], spread on the hypersphere: orthogonal (a Haar-random orthogonal frame, its rows
     orthonormal when C <= d, else unit rows of a matrix with orthonormal columns) or random (normalised Gaussians,
-    uniform on the sphere)."""
-    a = torch.randn(num_classes, dim, generator=gen, dtype=torch.float64)
+    uniform on the sphere). Drawn where `gen` lives (the CPU), under any device context; the caller moves them."""
+    a = torch.randn(num_classes, dim, generator=gen, dtype=torch.float64, device=gen.device)
     if kind == "orthogonal":
         tall = a if num_classes > dim else a.T
         q, r = torch.linalg.qr(tall)  # reduced QR; the sign fix makes q unique, hence Haar-distributed

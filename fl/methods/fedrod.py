@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fl.config import MethodConfig
-from fl.core import ClientModule, Server, register_method
+from fl.core import ClientModule, Server, float32_island, register_method
 
 
 @dataclass
@@ -33,8 +33,10 @@ class FedRoDConfig(MethodConfig):
     name: str = "fedrod"
 
 
+@float32_island
 def balanced_softmax_loss(logits: Tensor, y: Tensor, counts: Tensor) -> Tensor:
-    """Balanced softmax (Ren et al., 2020): cross-entropy of logits shifted by the log class counts."""
+    """Balanced softmax (Ren et al., 2020): cross-entropy of logits shifted by the log class counts, in float32
+    under mixed precision (a count past 65504 is inf in float16, and bfloat16 rounds counts past 256)."""
     return F.cross_entropy(logits + torch.log(counts.to(logits.dtype)), y)
 
 

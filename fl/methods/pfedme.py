@@ -20,6 +20,9 @@ How it maps onto this framework:
 - The paper lets every client compute its update and aggregates a sampled subset; here, as for every
   method of this framework, only the round's sampled clients train (the same under full participation).
 - BatchNorm statistics are theta's (its forward passes are the only ones); they are uploaded with w_i.
+- Under mixed precision the inner problem is a float32 island: its gradients step theta directly, not through
+  the loss scaler, and fp16 gradients without a loss scale underflow. The outer gradient reaches the optimizer
+  scaled as 16-mixed's loss scaler expects. Mixed precision therefore does not speed up pFedMe's training.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fl.config import MethodConfig, param
-from fl.core import ClientModule, Server, build_optimizer, register_method
+from fl.core import ClientModule, Server, build_optimizer, float32_island, loss_scaler, register_method
 
 
 @dataclass
@@ -47,6 +50,7 @@ class PFedMeConfig(MethodConfig):
                         help="server step: w <- (1 - beta) w + beta * mean of the client models")
 
 
+@float32_island
 def solve_inner(theta: list[Tensor], w: list[Tensor], loss_fn: Callable[[], Tensor], lam: float, lr: float,
                 steps: int) -> tuple[Tensor, Tensor]:
     """`steps` gradient steps on h(theta) = loss_fn() + lam/2 ||theta - w||^2, in place on the leaf tensors
@@ -86,9 +90,11 @@ class PFedMeClient(ClientModule):
                                       self.hp.lam, self.hp.personal_lr, self.hp.K)
         opt = self.optimizers()
         opt.zero_grad()
+        scaler = loss_scaler(self.fabric)  # 16-mixed: opt.step divides by the loss scale (a power of 2: exact)
         with torch.no_grad():
             for p, t in zip(w, theta):  # grad of the Moreau envelope: lam (w - theta(w))
-                p.grad = self.hp.lam * (p.detach() - t.detach())
+                g = self.hp.lam * (p.detach() - t.detach())
+                p.grad = g if scaler is None else scaler.scale(g)
         opt.step()
         return {"loss": loss, "inner_grad_norm": grad_norm}
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fl.config import MethodConfig, param
-from fl.core import ClientModule, Server, Upload, register_method
+from fl.core import ClientModule, Server, Upload, loss_scaler, register_method
 from fl.core.client import masked_mean
 
 
@@ -92,26 +92,27 @@ class ScaffoldClient(ClientModule):
         self._correction = {k: (self.c[k].to(p.device, p.dtype) - self.c_i[k]) for k, p in params}
         self._delta_c = {}
         self._steps = 0
+        self._skipped = torch.zeros((), device=self.device)  # steps the loss scaler skipped, counted on the device
 
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)  # the client loss: cross-entropy
         opt = self.optimizers()
         opt.zero_grad()
         self.manual_backward(loss)
-        scaler = self._grad_scaler()
-        scale = float(scaler.get_scale()) if scaler is not None else 1.0  # grads are scaled until opt.step
+        scaler = loss_scaler(self.fabric)
+        # grads carry the loss scale until opt.step unscales them, so must the correction (scaler.scale: no sync)
+        scale = scaler.scale(torch.ones((), device=self._skipped.device)) if scaler is not None else None
         with torch.no_grad():
             for k, p in self._controlled():  # g(y) + c - c_i
+                correction = self._correction[k] if scale is None else self._correction[k] * scale
                 if p.grad is None:
-                    p.grad = self._correction[k] * scale
-                elif scale == 1.0:
-                    p.grad.add_(self._correction[k])
+                    p.grad = correction
                 else:
-                    p.grad.add_(self._correction[k], alpha=scale)
+                    p.grad.add_(correction)
         opt.step()
-        # with a loss scaler, a step with non-finite gradients is skipped (and the scale lowered): not counted in K
-        if scaler is None or float(scaler.get_scale()) >= scale:
-            self._steps += 1
+        self._steps += 1
+        if scale is not None:  # a step with non-finite gradients is skipped and lowers the scale: not counted in K
+            self._skipped += scaler.scale(torch.ones_like(scale)) < scale
         return {"loss": loss.detach()}
 
     def functional_inputs(self):
@@ -127,13 +128,9 @@ class ScaffoldClient(ClientModule):
         self._steps = steps  # K of option II: the vmapped loop took them all (no loss scaler there)
         self.on_local_train_end()
 
-    def _grad_scaler(self):
-        """The fp16 loss scaler of `fabric.precision=16-mixed`, or None (no scaling)."""
-        fabric = self.fabric
-        scaler = getattr(getattr(fabric.strategy, "precision", None), "scaler", None) if fabric is not None else None
-        return scaler if scaler is not None and scaler.is_enabled() else None
-
     def on_local_train_end(self) -> None:
+        if loss_scaler(self.fabric) is not None:
+            self._steps -= int(self._skipped)  # the one host sync of the loss-scale bookkeeping, per client
         if self._steps == 0:  # no step taken: c_i stays, nothing to add to c
             return
         scale = 1.0 / (self._steps * self.lr)

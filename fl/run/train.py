@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from lightning.fabric import Fabric
+from lightning.fabric.plugins.precision import MixedPrecision
 from omegaconf import DictConfig
 
 from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
@@ -140,8 +141,14 @@ def restore_with_fallback(fabric: Fabric, cfg: DictConfig, orch, resume):
 def make_fabric(cfg: DictConfig, callbacks: list, loggers: list) -> Fabric:
     f = cfg.fabric
     precision = {"32": "32-true", "64": "64-true"}.get(str(f.precision), f.precision)
-    return Fabric(accelerator=f.accelerator, devices=f.devices, strategy=f.strategy, precision=precision,
-                  num_nodes=f.num_nodes, callbacks=callbacks, loggers=loggers)
+    on_cpu = f.accelerator == "cpu" or (f.accelerator == "auto" and not torch.cuda.is_available()
+                                        and not torch.backends.mps.is_available())
+    # Lightning turns 16-mixed into bf16-mixed on the CPU (with a warning); Fabric's own plugin gives what was asked,
+    # float16 autocast and a GradScaler: the numerics of a CUDA run
+    chosen = {"plugins": [MixedPrecision("16-mixed", "cpu")]} if precision == "16-mixed" and on_cpu else {
+        "precision": precision}
+    return Fabric(accelerator=f.accelerator, devices=f.devices, strategy=f.strategy, num_nodes=f.num_nodes,
+                  callbacks=callbacks, loggers=loggers, **chosen)
 
 
 def print_only(argv: list[str]) -> int | None:

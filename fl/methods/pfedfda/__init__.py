@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fl.config import MethodConfig, param
-from fl.core import HEAD, ClientModule, Server, Upload, generator, register_method
+from fl.core import HEAD, ClientModule, Server, Upload, float32_island, generator, register_method
 from fl.methods.pfedfda.stats import estimate, interpolate, lda_head, priors, solve_beta
 
 
@@ -53,6 +53,14 @@ class PFedFDAConfig(MethodConfig):
     full_last_round: bool = param(True, help="every client takes part in the last round")
 
 
+@float32_island
+def lda_logits(z: Tensor, W: Tensor, b: Tensor) -> Tensor:
+    """The LDA head z W^T + b in float32 under mixed precision: b = -1/2 mu Sigma^-1 mu + log pi cancels most of
+    z W^T, so half-precision logits flip predictions (bf16: 3.6% of the global head's), and W = Sigma^-1 mu can
+    exceed float16's range."""
+    return F.linear(z, W, b)
+
+
 def _log_prior(module: PFedFDAClient, cid: int) -> Tensor:
     if cid < 0:  # the global model: uniform priors
         return torch.full((module.num_classes,), -np.log(module.num_classes), dtype=torch.float64)
@@ -74,11 +82,24 @@ class PFedFDAClient(ClientModule):
 
     @property
     def dev(self) -> torch.device:
-        """Where the parameters live (Fabric's init_module creates them there without updating `.device`)."""
+        """Where the parameters live."""
         return self.model.head.weight.device
 
     def is_private(self, key: str) -> bool:
         return key.startswith(HEAD)  # rebuilt from statistics before every use; never averaged
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head_logits(self.model.backbone(x))
+
+    def head_logits(self, z: Tensor) -> Tensor:
+        head = self.model.head
+        return lda_logits(z, head.weight, head.bias)
+
+    @float32_island
+    def predict(self, x: Tensor) -> Tensor:
+        """The client's LDA head on float32 features: its statistics come from float32 features (`features`), so
+        the features it classifies are computed the same way."""
+        return self(x)
 
     # ---- communication and state ----------------------------------------------------------------
     def receive(self, payload: dict[str, Any]) -> None:
@@ -110,8 +131,8 @@ class PFedFDAClient(ClientModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         z = self.model.backbone(x)
-        loss = F.cross_entropy(self.model.head(z), y)
-        if self.hp.feature_bank != "fresh_pass":
+        loss = F.cross_entropy(self.head_logits(z), y)
+        if self.hp.feature_bank != "fresh_pass":  # the features the loss saw (autocast's, under mixed precision)
             self.bank.append((z.detach(), y))
         return loss
 
@@ -162,7 +183,7 @@ class PFedFDAClient(ClientModule):
         # a head that puts every one of the client's (multi-class) training samples in one class has collapsed,
         # e.g. when cov_reg=code's added identity dwarfs features of a small scale
         with torch.no_grad():
-            preds = self.model.head(z.to(self.model.head.weight.dtype)).argmax(1)
+            preds = self.head_logits(z.to(self.model.head.weight.dtype)).argmax(1)
         logs["head_collapsed"] = float(len(torch.unique(y)) > 1 and len(torch.unique(preds)) == 1)
         return logs
 
