@@ -70,7 +70,9 @@ class FinetuneConfig:
 class FabricConfig:
     accelerator: str = param("cpu", choices=["cpu", "cuda", "gpu", "mps", "auto"])
     devices: Any = 1
-    strategy: str = param("auto", choices=["auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "dp"])
+    strategy: str = param("auto", choices=["auto", "ddp", "ddp_find_unused_parameters_true"],
+                          help="auto: one process on one device (ddp when fabric.devices > 1); ddp: one process per "
+                          "device, started as copies of the command (torchrun, srun or Fabric itself)")
     precision: str = param(
         "32-true", choices=["32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
     )
