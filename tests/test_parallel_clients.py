@@ -4,8 +4,11 @@ global model, client states and metrics within float32 reduction order, with une
 sequential loop with a one-line notice."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import fl.core.parallel as parallel
+from fl.config import load_config
 from tests.helpers import (
     assert_same_rows,
     client_states,
@@ -113,3 +116,31 @@ def test_a_subclass_does_not_inherit_the_opt_in(out):
 def test_two_processes_each_batching_their_own_clients_equal_one(out):
     one, two = one_and_two_processes(out, *UNEQUAL, "method.name=fedper", "trainer.parallel_clients=4")
     assert_same_run(one, two)
+
+
+class TensorDevices(TorchDispatchMode):
+    """The device types of every tensor an op reads or writes while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        leaves = tree_leaves((args, kwargs or {}))
+        self.seen |= {a.device.type for a in leaves if isinstance(a, torch.Tensor)}
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("optim", ["momentum", "adam", "adamw"])
+def test_the_vmapped_optimizer_step_touches_only_the_parameters_device(optim):
+    # 'meta' stands in for the GPU: a host tensor (Adam's step counts lived on the CPU, and `active` was copied to it
+    # for every parameter every step: a device-to-host copy on CUDA) would show up as 'cpu'
+    cfg = load_config(list(OPTIMIZERS[optim]))
+    params = {"w": torch.zeros(4, 3, 2, device="meta"), "b": torch.zeros(4, 2, device="meta")}
+    opt = parallel.Optimizer(cfg, 0.01, params)
+    grads = {k: torch.ones_like(v) for k, v in params.items()}
+    active = torch.ones(4, dtype=torch.bool, device="meta")
+    with TensorDevices() as devices:
+        for _ in range(2):
+            params = opt.step(params, grads, active, {"w", "b"})
+    assert devices.seen == {"meta"}

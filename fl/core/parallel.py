@@ -140,8 +140,10 @@ class Optimizer:
         self.kind = cfg.optim.name
         self.hp = build_optimizer(cfg, [nn.Parameter(torch.zeros(1))], lr).param_groups[0]
         self.state = {n: [torch.zeros_like(v), torch.zeros_like(v)] for n, v in params.items()}
-        # Adam's step count per parameter and client (torch.optim counts a parameter's own steps)
-        self.t = {n: torch.zeros(v.shape[0], dtype=torch.float64) for n, v in params.items()}
+        # Adam's step count per parameter and client (torch.optim counts a parameter's own steps), on the parameters'
+        # device: a step moves nothing between host and device. float64, as torch.optim's bias corrections are
+        # Python floats.
+        self.t = {n: torch.zeros(v.shape[0], dtype=torch.float64, device=v.device) for n, v in params.items()}
 
     def step(self, params: dict[str, Tensor], grads: dict[str, Tensor], active: Tensor,
              stepping: set[str]) -> dict[str, Tensor]:
@@ -164,7 +166,7 @@ class Optimizer:
                     p = p * (1 - hp["lr"] * hp["weight_decay"])
                 elif hp["weight_decay"]:
                     g = g + hp["weight_decay"] * p
-                self.t[n] = self.t[n] + active.to(self.t[n].device, torch.float64)
+                self.t[n] = self.t[n] + active
                 a_new = torch.lerp(a, g, 1 - beta1)
                 b_new = b * beta2 + (1 - beta2) * g * g
                 t = self.t[n].clamp(min=1)
