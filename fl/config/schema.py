@@ -79,6 +79,9 @@ class FabricConfig:
     num_nodes: int = param(1, ge=1)
     cpu_threads: Optional[int] = param(None, ge=1, help="torch intra-op threads per process; CPU kernels reduce "
                                        "in a thread-dependent order, so fix it to compare runs bitwise")
+    deterministic: bool = param(False, help="deterministic GPU kernels (torch.use_deterministic_algorithms, "
+                                "deterministic cuDNN, CUBLAS_WORKSPACE_CONFIG): the same run on the same GPU gives the "
+                                "same bits, at some speed; an op without such a kernel warns, naming itself")
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from fl.data import DataError, build_data
 from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
 from fl.run.cli_help import USAGE, list_items, method_help
+from fl.run.determinism import deterministic_algorithms
 from fl.run.loggers import JsonlLogger, make_wandb_logger
 from fl.run.progress import RoundProgress, format_summary, round_label
 from fl.run.run_dir import RUN_DIR_ENV, launched_run_dir, log_partition, prepare_run_dir, write_summary
@@ -139,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         return printed
     owns_env = RUN_DIR_ENV not in os.environ
     try:
-        return _run(argv)
+        with ExitStack() as undo:  # what a run sets process-wide (fabric.deterministic) is undone when it ends
+            return _run(argv, undo)
     except KeyboardInterrupt:  # before the first round (data, model, launch): nothing to keep
         print("\ninterrupted", file=sys.stderr)
         return 130
@@ -148,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.pop(RUN_DIR_ENV, None)
 
 
-def _run(argv: list[str]) -> int:
+def _run(argv: list[str], undo: ExitStack) -> int:
     try:
         cfg = load_config(argv)
         data = build_data(cfg)
@@ -174,6 +177,7 @@ def _run(argv: list[str]) -> int:
     except (ValueError, RuntimeError, FileNotFoundError) as err:
         return _fail(f"{type(err).__name__}: {str(err).splitlines()[0]}", 2)
 
+    undo.enter_context(deterministic_algorithms(cfg.fabric.deterministic))  # before the first cuBLAS call
     run_dir = prepare_run_dir(cfg, named)
     jsonl = JsonlLogger(run_dir / "metrics.jsonl")
     wandb_logger = make_wandb_logger(cfg, run_dir, run_dir.name,
