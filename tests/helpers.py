@@ -37,8 +37,9 @@ def tiny(out: Path, *extra: str) -> list[str]:
 
 
 # ---- runs ------------------------------------------------------------------------------------------
-def run_cli(args, cwd, env=None, script=("-m", "fl.train")) -> subprocess.CompletedProcess:
-    """`python <script> <args>` in a fresh process (env values None unset a variable). Slow tests only."""
+def run_cli(args, cwd, env=None, script=("-m", "fl.train"), timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python <script> <args>` in a fresh process (env values None unset a variable), stopped after `timeout`
+    seconds. Slow tests only."""
     if current_test_is_slow is False:
         raise RuntimeError("run_cli starts a process: mark the test @pytest.mark.slow")
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
@@ -47,7 +48,7 @@ def run_cli(args, cwd, env=None, script=("-m", "fl.train")) -> subprocess.Comple
     for key in ["FL_RUN_DIR", "WANDB_SERVICE"] + [k for k, v in (env or {}).items() if v is None]:
         full_env.pop(key, None)
     return subprocess.run([sys.executable, *script, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=timeout)
 
 
 def run_tiny(out: Path, *extra: str, name: str, threads: int | None = 1) -> Path:

@@ -22,6 +22,10 @@ from tests.helpers import run_cli, tiny
     ("conf=missing/file.yaml", ["conf", "not found"]),
     ("trainer.rounds", ["key=value"]),
     ("fabric.accelerator=cuda", ["fabric.accelerator='cuda'"]),
+    # accepted, then fabric.launch() raised TypeError in a run directory already made (ddp_spawn), or one GPU (dp)
+    ("fabric.strategy=ddp_spawn fabric.devices=2", ["fabric.strategy='ddp_spawn' is not supported", "script",
+                                                    "fabric.strategy=ddp", "auto"]),
+    ("fabric.strategy=dp", ["fabric.strategy='dp' is not supported", "one GPU", "fabric.strategy=ddp"]),
     ("data.num_clients=500", ["data.partition.min_client_size"]),
     # values that were accepted and ran (issue: silently wrong results)
     ("data.client_train_fraction=[0,1,1,1,1,1]", ["data.client_train_fraction[0]=0", "(0, 1]"]),

@@ -272,8 +272,26 @@ def _check_node(node: DictConfig, prefix: str) -> None:
             raise ConfigError(f"{key}={value!r} is not a finite float32 (|x| <= {FLOAT32_MAX:.3g}), as tensors hold it")
 
 
+# Fabric strategies that Fabric accepts but fl.train cannot run, with why (they were accepted and failed or misled).
+REFUSED_STRATEGIES = {
+    **dict.fromkeys(("ddp_spawn", "ddp_fork", "ddp_notebook"), "it starts its processes from a function, and "
+                    "fl.train runs as one script per process (Fabric launches copies of the command)"),
+    "dp": "DataParallel splits one module's forward over the GPUs of one process, and fl.train calls its model "
+          "itself, so it would train on one GPU",
+}
+
+
+def check_strategy(strategy: str) -> None:
+    """A strategy fl.train cannot run stops here, before anything is written, naming those that work."""
+    if strategy in REFUSED_STRATEGIES:
+        raise ConfigError(f"fabric.strategy={strategy!r} is not supported: {REFUSED_STRATEGIES[strategy]}; use "
+                          "fabric.strategy=ddp (one process per device: fabric.devices=N), auto (one device, or "
+                          "ddp when fabric.devices > 1) or ddp_find_unused_parameters_true")
+
+
 def validate(cfg: DictConfig) -> None:
     """Range / choice checks from the field metadata, names against the registries, the method's resolve."""
+    check_strategy(cfg.fabric.strategy)
     _check_node(cfg, "")
     spec = registry.METHODS[cfg.method.name]
     if spec.resolve is not None:

@@ -82,13 +82,18 @@ class FinetuneConfig:
 class FabricConfig:
     accelerator: str = param("cpu", choices=["cpu", "cuda", "gpu", "mps", "auto"])
     devices: Any = 1
-    strategy: str = param("auto", choices=["auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "dp"])
+    strategy: str = param("auto", choices=["auto", "ddp", "ddp_find_unused_parameters_true"],
+                          help="auto: one process on one device (ddp when fabric.devices > 1); ddp: one process per "
+                          "device, started as copies of the command (torchrun, srun or Fabric itself)")
     precision: str = param(
         "32-true", choices=["32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
     )
     num_nodes: int = param(1, ge=1)
     cpu_threads: Optional[int] = param(None, ge=1, help="torch intra-op threads per process; CPU kernels reduce "
                                        "in a thread-dependent order, so fix it to compare runs bitwise")
+    deterministic: bool = param(False, help="deterministic GPU kernels (torch.use_deterministic_algorithms, "
+                                "deterministic cuDNN, CUBLAS_WORKSPACE_CONFIG): the same run on the same GPU gives the "
+                                "same bits, at some speed; an op without such a kernel warns, naming itself")
 
 
 @dataclass

@@ -10,7 +10,18 @@ update rules, per client, so K clients at once equal K clients one after another
 A method opts in by setting `functional = True` in its ClientModule class (not inherited: a subclass that changes
 the loss opts in itself) and, when its loss is not cross-entropy, writing `functional_step` (and `functional_inputs`
 for the per-client tensors it reads). `on_local_train_start` runs before and `functional_train_end(steps)` after
-the vmapped training; epoch-end hooks are not called.
+the vmapped training; epoch-end hooks are not called. `functional_step` is traced by torch.compile
+(`trainer.compile`): it reads hyperparameters as plain Python numbers set in `__init__`, never through the OmegaConf
+config (a config read breaks the graph and the step runs uncompiled).
+
+Under `fabric.precision=bf16-mixed` the forward (`functional_step`) runs in the same autocast as the sequential
+loop's `training_step`, and the gradient is taken outside it, as `fabric.backward` takes it there. 16-mixed stays
+sequential: its loss scale is one GradScaler a process shares among its clients in turn, so the steps it skips
+depend on the clients trained before; K clients at once cannot reproduce that.
+
+Compiled, every step has one shape, [trainer.parallel_clients, trainer.batch_size, ...]: a smaller last group is
+padded with clients that have no steps, a shorter batch with rows of weight 0, so one graph serves the whole run.
+Uncompiled, a step is as wide as its clients and batches (padding would be work for nothing).
 """
 from __future__ import annotations
 
@@ -44,9 +55,18 @@ def why_sequential(module: ClientModule, cfg) -> Optional[str]:
         return "the method keeps optimizer state across rounds"
     if cfg.optim.name not in ("sgd", "adam", "adamw"):
         return f"optim.name={cfg.optim.name!r} has no vmapped update"
-    if str(cfg.fabric.precision) not in ("32-true", "32", "64-true", "64"):
-        return f"fabric.precision={cfg.fabric.precision!r} (autocast) is not vmapped"
+    if str(cfg.fabric.precision) == "16-mixed":
+        return ("fabric.precision='16-mixed' scales the loss with one GradScaler that the process's clients share in "
+                "turn (the steps it skips depend on the clients before), which K clients at once cannot reproduce; "
+                "bf16-mixed needs no scaler and is vmapped")
+    if str(cfg.fabric.precision) not in ("32-true", "32", "64-true", "64", "bf16-mixed"):
+        return f"fabric.precision={cfg.fabric.precision!r} is not vmapped"
     return None
+
+
+def autocast_dtype(cfg) -> Optional[torch.dtype]:
+    """The dtype the forward runs in under autocast (fabric.precision=bf16-mixed), None without autocast."""
+    return torch.bfloat16 if str(cfg.fabric.precision) == "bf16-mixed" else None
 
 
 class ParallelClients:
@@ -55,9 +75,13 @@ class ParallelClients:
     def __init__(self, module: ClientModule, cfg) -> None:
         self.m, self.cfg = module, cfg
         self.names = [n for n, p in module.named_parameters() if p.requires_grad]
+        # compiled: one shape for every step of the run (see the module docstring)
+        self.fixed_shape = (cfg.trainer.parallel_clients, cfg.trainer.batch_size) if cfg.trainer.compile else None
+        device, dtype = next(module.parameters()).device.type, autocast_dtype(cfg)
 
         def loss(p, b, inputs, x, y, w):
-            out = module.functional_step(lambda xb: functional_call(module, {**p, **b}, (xb,)), p, inputs, x, y, w)
+            with torch.autocast(device, dtype=dtype, enabled=dtype is not None):  # the forward only, as in fit_local
+                out = module.functional_step(lambda xb: functional_call(module, {**p, **b}, (xb,)), p, inputs, x, y, w)
             return out.pop("objective", out["loss"]), out
 
         # one client's gradient, vmapped over the leading client axis of every argument
@@ -85,7 +109,7 @@ class ParallelClients:
             else:
                 parts.append(None)
         shape = next(p for p in parts if p is not None)[0].shape[1:]
-        width = max(len(p[1]) for p in parts if p is not None)
+        width = self.fixed_shape[1] if self.fixed_shape else max(len(p[1]) for p in parts if p is not None)
         ref = next(p for p in parts if p is not None)
         x = ref[0].new_zeros((len(parts), width, *shape))
         y = ref[1].new_zeros((len(parts), width))
@@ -109,6 +133,11 @@ class ParallelClients:
             buffers.append({n: b.detach().clone() for n, b in m.named_buffers()})
             inputs.append(m.functional_inputs())
             schedules.append(self._schedule(rnd, cid))
+        if self.fixed_shape:  # padding clients: the first one's tensors, no steps (masked throughout, then dropped)
+            padding = self.fixed_shape[0] - len(cids)
+            starts, buffers, inputs = starts + starts[:1] * padding, buffers + buffers[:1] * padding, \
+                inputs + inputs[:1] * padding
+            schedules = schedules + [(schedules[0][0], [], None)] * padding
         params, bufs, inputs = stack(starts), stack(buffers), stack(inputs)
         opt = Optimizer(self.cfg, m.lr, params)
         m.train()
@@ -140,8 +169,10 @@ class Optimizer:
         self.kind = cfg.optim.name
         self.hp = build_optimizer(cfg, [nn.Parameter(torch.zeros(1))], lr).param_groups[0]
         self.state = {n: [torch.zeros_like(v), torch.zeros_like(v)] for n, v in params.items()}
-        # Adam's step count per parameter and client (torch.optim counts a parameter's own steps)
-        self.t = {n: torch.zeros(v.shape[0], dtype=torch.float64) for n, v in params.items()}
+        # Adam's step count per parameter and client (torch.optim counts a parameter's own steps), on the parameters'
+        # device: a step moves nothing between host and device. float64, as torch.optim's bias corrections are
+        # Python floats.
+        self.t = {n: torch.zeros(v.shape[0], dtype=torch.float64, device=v.device) for n, v in params.items()}
 
     def step(self, params: dict[str, Tensor], grads: dict[str, Tensor], active: Tensor,
              stepping: set[str]) -> dict[str, Tensor]:
@@ -164,7 +195,7 @@ class Optimizer:
                     p = p * (1 - hp["lr"] * hp["weight_decay"])
                 elif hp["weight_decay"]:
                     g = g + hp["weight_decay"] * p
-                self.t[n] = self.t[n] + active.to(self.t[n].device, torch.float64)
+                self.t[n] = self.t[n] + active
                 a_new = torch.lerp(a, g, 1 - beta1)
                 b_new = b * beta2 + (1 - beta2) * g * g
                 t = self.t[n].clamp(min=1)

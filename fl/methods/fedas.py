@@ -55,6 +55,7 @@ from torch.func import functional_call, grad, vmap
 
 from fl.config import ConfigError, MethodConfig, param
 from fl.core import HEAD, ClientModule, Server, TrainingFault, Upload, build_optimizer, register_method
+from fl.core.label_sums import class_sums
 
 
 @dataclass
@@ -83,8 +84,7 @@ class FedASConfig(MethodConfig):
 
 def class_prototypes(features: Tensor, y: Tensor, num_classes: int) -> Tensor:
     """z_c = the mean of `features` over the samples of class c ([num_classes, d]; zero rows for absent classes)."""
-    sums = torch.zeros(num_classes, features.shape[1], dtype=features.dtype, device=features.device)
-    sums.index_add_(0, y, features)
+    sums = class_sums(features, y, num_classes).to(features.dtype)  # deterministic on CUDA, where index_add_ is not
     counts = torch.bincount(y, minlength=num_classes).to(features.dtype)
     return sums / counts.clamp_min(1)[:, None]
 

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from fl.config import MethodConfig, param
 from fl.core import HEAD, ClientModule, Server, Upload, generator, register_method
+from fl.core.label_sums import class_sums
 
 PROTOTYPES = HEAD + "prototypes"
 
@@ -133,7 +134,7 @@ class FedNHClient(ClientModule):
         sums = torch.zeros(self.num_classes, dim, dtype=torch.float64, device=self.device)
         counts = torch.zeros(self.num_classes, dtype=torch.float64, device=self.device)
         for z, y in self.eval_pass(split, lambda x: F.normalize(self.model.backbone(x), dim=1)):
-            sums.index_add_(0, y, z.double())
+            sums += class_sums(z, y, self.num_classes)  # deterministic on CUDA, where index_add_ is not
             counts += torch.bincount(y, minlength=self.num_classes).double()
         mu = F.normalize(sums / counts.clamp(min=1.0)[:, None], dim=1)
         dtype = self.model.head.prototypes.dtype  # sent in the model's precision; the server sums in float64

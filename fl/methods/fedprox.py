@@ -19,6 +19,10 @@ class FedProxConfig(MethodConfig):
 class FedProxClient(ClientModule):
     functional = True
 
+    def __init__(self, cfg, data):
+        super().__init__(cfg, data)
+        self.mu = float(self.hp.mu)  # a plain float: the compiled vmapped step reads it (a config read breaks graphs)
+
     def on_local_train_start(self) -> None:
         # the global model received this round; the anchor of the proximal term
         self.anchor = [p.detach().clone() for p in self.parameters()]
@@ -26,20 +30,20 @@ class FedProxClient(ClientModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         ce = F.cross_entropy(self(x), y)
-        if self.hp.mu == 0:  # plain FedAvg step; skips a pass over the parameters
+        if self.mu == 0:  # plain FedAvg step; skips a pass over the parameters
             return ce
         prox = sum(torch.sum((p - a) ** 2) for p, a in zip(self.parameters(), self.anchor))
-        return {"loss": ce + 0.5 * self.hp.mu * prox, "ce": ce.detach(), "prox": prox.detach()}
+        return {"loss": ce + 0.5 * self.mu * prox, "ce": ce.detach(), "prox": prox.detach()}
 
     def functional_inputs(self):
         return {"anchor": {k: a for (k, _), a in zip(self.named_parameters(), self.anchor)}}
 
     def functional_step(self, forward, params, inputs, x, y, mask):
         ce = masked_mean(F.cross_entropy(forward(x), y, reduction="none"), mask)
-        if self.hp.mu == 0:
+        if self.mu == 0:
             return {"loss": ce}
         prox = sum(torch.sum((params[k] - a) ** 2) for k, a in inputs["anchor"].items())
-        return {"loss": ce + 0.5 * self.hp.mu * prox, "ce": ce.detach(), "prox": prox.detach()}
+        return {"loss": ce + 0.5 * self.mu * prox, "ce": ce.detach(), "prox": prox.detach()}
 
 
 register_method("fedprox", FedProxConfig, FedProxClient, Server)

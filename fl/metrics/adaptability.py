@@ -34,6 +34,7 @@ from torch import Tensor
 
 from fl.config import param
 from fl.core import EvalContext, Evaluator, GroupedAccuracy, register_evaluator
+from fl.core.label_sums import class_sums, label_counts
 
 KL_REDUCTIONS = ("mean_present", "sum", "batchmean_C")
 
@@ -92,8 +93,8 @@ def local_probability_matrix(module, split) -> tuple[Tensor, Tensor]:
     counts = torch.zeros(C, dtype=torch.float64, device=device)
     for logits, y in module.eval_pass(split):
         p = torch.softmax(logits.float(), dim=1).to(torch.float64)
-        sums.index_add_(0, y, p)
-        counts.index_add_(0, y, torch.ones_like(y, dtype=torch.float64))
+        sums += class_sums(p, y, C)  # not index_add_: its atomics on CUDA add a class's rows in a varying order
+        counts += label_counts(y, C)
     return sums, counts
 
 

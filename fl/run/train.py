@@ -32,6 +32,7 @@ from fl.data import DataError, build_data
 from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
 from fl.run.cli_help import USAGE, list_items, method_help
+from fl.run.determinism import deterministic_algorithms
 from fl.run.loggers import JsonlLogger, make_wandb_logger
 from fl.run.progress import RoundProgress, format_summary, round_label
 from fl.run.run_dir import RUN_DIR_ENV, launched_run_dir, log_partition, planned_run_dir, prepare_run_dir, write_summary
@@ -182,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         return printed
     owns_env = RUN_DIR_ENV not in os.environ
     try:
-        with ExitStack() as cleanup:
-            return _run(argv, cleanup)
+        with ExitStack() as cleanup:  # what a run sets process-wide or holds (fabric.deterministic, the state
+            return _run(argv, cleanup)  # namespace's lock) is undone when it ends
     except KeyboardInterrupt:  # before the first round (data, model, launch): nothing to keep
         print("\ninterrupted", file=sys.stderr)
         return 130
@@ -219,6 +220,7 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
     except (ValueError, RuntimeError, FileNotFoundError) as err:
         return _fail(f"{type(err).__name__}: {str(err).splitlines()[0]}", 2)
 
+    cleanup.enter_context(deterministic_algorithms(cfg.fabric.deterministic))  # before the first cuBLAS call
     run_dir = prepare_run_dir(cfg, named)
     jsonl = JsonlLogger(run_dir / "metrics.jsonl")
     wandb_logger = make_wandb_logger(cfg, run_dir, run_dir.name,

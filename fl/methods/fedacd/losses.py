@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fl.core.label_sums import class_sums
+
 
 def l1_flatten(logp: Tensor, y: Tensor) -> Tensor:
     """Eq. 7 per sample: KL(p || q) with q_y = p_y and q_k = (1 - p_y) / (C - 1) off the target.
@@ -52,11 +54,12 @@ def l2_adjusted_ce(logits: Tensor, y: Tensor, A: Tensor) -> Tensor:
 
 def accumulate(sums: Tensor, weights: Tensor, probs: Tensor, y: Tensor, w) -> None:
     """Add detached probabilities to their class rows with weight w (mixup's mu or 1 - mu), in place.
-    index_add_ accumulates duplicate labels of a batch (P[y] += p would keep only one of them)."""
+    class_sums adds every sample of a label (P[y] += p would keep only one of them), in the same order on every run
+    (index_add_'s atomics on CUDA do not)."""
     w = torch.as_tensor(w, dtype=sums.dtype, device=sums.device)
     w = w.expand(len(y)) if w.dim() == 0 else w
-    sums.index_add_(0, y, probs.detach().to(sums.dtype) * w[:, None])
-    weights.index_add_(0, y, w)
+    sums += class_sums(probs.detach().to(sums.dtype) * w[:, None], y, sums.shape[0]).to(sums.dtype)
+    weights += class_sums(w, y, weights.shape[0]).to(weights.dtype)
 
 
 def rows_from(sums: Tensor, weights: Tensor, previous: Tensor) -> Tensor:

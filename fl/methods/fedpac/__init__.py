@@ -33,6 +33,7 @@ from torch import Tensor
 
 from fl.config import MethodConfig, param
 from fl.core import HEAD, ClientModule, Server, Upload, build_optimizer, register_method
+from fl.core.label_sums import class_sums, label_counts
 from fl.methods.fedpac.qp import SOLVERS, combination_weights
 
 
@@ -101,10 +102,10 @@ class FedPACClient(ClientModule):
         sums = torch.zeros(K, d, dtype=torch.float64, device=self.device)
         sq = torch.zeros(K, dtype=torch.float64, device=self.device)
         for z, y in self.eval_pass(self.train_split(self.data, self.cid), self.model.backbone, autocast=False):
-            z = z.double()
-            counts.index_add_(0, y, torch.ones_like(y, dtype=torch.float64))
-            sums.index_add_(0, y, z)
-            sq.index_add_(0, y, (z * z).sum(1))
+            z = z.double()  # class_sums, not index_add_: the same sums on every run on CUDA too
+            counts += label_counts(y, K)
+            sums += class_sums(z, y, K)
+            sq += class_sums((z * z).sum(1), y, K)
         return counts, sums, sq
 
     def _train_head(self) -> None:

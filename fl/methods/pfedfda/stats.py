@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fl.core.label_sums import class_sums
+
 PRIOR_EPS = 1e-4  # log-priors of absent classes stay finite (official code)
 
 
@@ -80,7 +82,7 @@ def estimate(z: Tensor, y: Tensor, fallback_mu: Tensor, cov_reg: str, min_count:
     the local mean of every present class."""
     C = fallback_mu.shape[0]
     counts = torch.bincount(y, minlength=C)
-    sums = torch.zeros_like(fallback_mu).index_add_(0, y, z)
+    sums = class_sums(z, y, C).to(fallback_mu.dtype)  # deterministic on CUDA, where index_add_ is not
     local = sums / counts.clamp_min(1)[:, None].to(z.dtype)
     centred = z - local[y]
     cov = centred.T @ centred / max(z.shape[0] - 1, 1)
