@@ -151,7 +151,7 @@ def test_16_mixed_trains_one_client_at_a_time_and_says_why(out):
     module = orchestrator(cfg, out / "run").module
     assert parallel.why_sequential(module, cfg) is None
     cfg.fabric.precision = "16-mixed"  # (on a CPU Fabric runs it as bf16-mixed; the reason is the GPU's)
-    assert "one GradScaler that the process's clients share" in parallel.why_sequential(module, cfg)
+    assert "needs a loss scale per client" in parallel.why_sequential(module, cfg)
 
 
 def test_a_method_without_a_functional_step_runs_one_client_at_a_time_with_a_notice(out, vmapped_groups, capsys):

@@ -16,8 +16,8 @@ config (a config read breaks the graph and the step runs uncompiled).
 
 Under `fabric.precision=bf16-mixed` the forward (`functional_step`) runs in the same autocast as the sequential
 loop's `training_step`, and the gradient is taken outside it, as `fabric.backward` takes it there. 16-mixed stays
-sequential: its loss scale is one GradScaler a process shares among its clients in turn, so the steps it skips
-depend on the clients trained before; K clients at once cannot reproduce that.
+sequential: each client's loss scale grows, shrinks and skips steps on its own gradients' overflow (a GradScaler
+state per client), which this vmapped step does not implement.
 
 Compiled, every step has one shape, [trainer.parallel_clients, trainer.batch_size, ...]: a smaller last group is
 padded with clients that have no steps, a shorter batch with rows of weight 0, so one graph serves the whole run.
@@ -56,9 +56,8 @@ def why_sequential(module: ClientModule, cfg) -> Optional[str]:
     if cfg.optim.name not in ("sgd", "adam", "adamw"):
         return f"optim.name={cfg.optim.name!r} has no vmapped update"
     if str(cfg.fabric.precision) == "16-mixed":
-        return ("fabric.precision='16-mixed' scales the loss with one GradScaler that the process's clients share in "
-                "turn (the steps it skips depend on the clients before), which K clients at once cannot reproduce; "
-                "bf16-mixed needs no scaler and is vmapped")
+        return ("fabric.precision='16-mixed' needs a loss scale per client (each skips the steps its own gradients "
+                "overflow), which the vmapped step does not implement; bf16-mixed needs no scaler and is vmapped")
     if str(cfg.fabric.precision) not in ("32-true", "32", "64-true", "64", "bf16-mixed"):
         return f"fabric.precision={cfg.fabric.precision!r} is not vmapped"
     return None
