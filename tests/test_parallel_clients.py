@@ -150,7 +150,7 @@ def test_16_mixed_trains_one_client_at_a_time_and_says_why(out):
     cfg = load_config(tiny(out, "trainer.parallel_clients=2", "fabric.precision=bf16-mixed"))
     module = orchestrator(cfg, out / "run").module
     assert parallel.why_sequential(module, cfg) is None
-    cfg.fabric.precision = "16-mixed"  # (on a CPU Fabric runs it as bf16-mixed; the reason is the GPU's)
+    cfg.fabric.precision = "16-mixed"
     assert "needs a loss scale per client" in parallel.why_sequential(module, cfg)
 
 
