@@ -3,7 +3,7 @@ in through the registry; nothing here imports them."""
 from fl.core.batches import augment, batch_indices
 from fl.core.client import HEAD, ClientModule, Upload
 from fl.core.context import EvalContext, RoundContext
-from fl.core.evaluation import Evaluator, GroupedAccuracy, summarize_clients
+from fl.core.evaluation import Evaluator, summarize_clients
 from fl.core.federated_data import ClientData, FederatedData, Split, Target
 from fl.core.loop import Interrupted, Orchestrator, TrainingFault, make_client_module, sample_clients
 from fl.core.optim import build_optimizer, finetune_lr, round_lr
@@ -28,3 +28,11 @@ __all__ = ["METHODS", "MethodSpec", "build_model", "load_plugins", "register_aug
            "finetune_lr", "round_lr", "HEAD", "ClientModule", "Upload", "EvalContext", "RoundContext", "Server",
            "Evaluator", "GroupedAccuracy", "summarize_clients", "Interrupted", "Orchestrator", "TrainingFault",
            "make_client_module", "sample_clients", "CheckpointError", "latest_checkpoint"]
+
+
+def __getattr__(name: str):
+    """GroupedAccuracy (a torchmetrics Metric) loads on first use, so importing fl.core imports no torchmetrics."""
+    if name == "GroupedAccuracy":
+        from fl.core.accuracy import GroupedAccuracy
+        return GroupedAccuracy
+    raise AttributeError(f"module 'fl.core' has no attribute {name!r}")

@@ -14,11 +14,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
-from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
 from fl.core.client import ClientModule, Upload
@@ -40,6 +39,9 @@ from fl.core.registry import EVALUATORS, METHODS
 from fl.core.seeding import derive_seed, seed_torch
 from fl.core.server import Server
 from fl.core.state import CheckpointError, ClientStateStore, host_memory_bytes, make_state_store, save_checkpoint
+
+if TYPE_CHECKING:  # Lightning loads with the run, not with a method or an evaluator
+    from lightning.fabric import Fabric
 
 
 class TrainingFault(RuntimeError):

@@ -10,7 +10,6 @@ import math
 
 import torch
 from torch import Tensor
-from torchvision.transforms.v2 import functional as TF
 
 from fl.core import register_augmentation
 
@@ -60,6 +59,8 @@ def resized_crop_params(height: int, width: int, gen: torch.Generator, scale=(0.
 @register_augmentation("resized_crop")
 def _resized_crop(x: Tensor, gen: torch.Generator, scale=(0.9, 1.0), ratio=(3 / 4, 4 / 3)) -> Tensor:
     """RandomResizedCrop back to the input size (FedDRM: scale 0.9-1), each image its own box."""
+    from torchvision.transforms.v2 import functional as TF  # torchvision loads with the first batch, not the CLI
+
     h, w = x.shape[-2:]
     return torch.stack([TF.resized_crop(img, *resized_crop_params(h, w, gen, scale, ratio), [h, w], antialias=True)
                         for img in x])
@@ -68,5 +69,7 @@ def _resized_crop(x: Tensor, gen: torch.Generator, scale=(0.9, 1.0), ratio=(3 / 
 @register_augmentation("rotate")
 def _rotate(x: Tensor, gen: torch.Generator, degrees: float = 30.0) -> Tensor:
     """Rotation by a uniform angle in [-degrees, degrees] (FedBN's Office/DomainNet protocol)."""
+    from torchvision.transforms.v2 import functional as TF  # torchvision loads with the first batch, not the CLI
+
     angles = torch.empty(len(x)).uniform_(-degrees, degrees, generator=gen).tolist()
     return torch.stack([TF.rotate(img, a) for img, a in zip(x, angles)])

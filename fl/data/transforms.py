@@ -28,7 +28,6 @@ from typing import Optional
 import numpy as np
 import torch
 import torch.nn.functional as nnf
-import torchvision.transforms.functional as TF
 from PIL import Image
 from torch import Tensor
 
@@ -95,6 +94,8 @@ def feddrm_color(x: Tensor, client: int, num_clients: int, level: str = "auto", 
     "tensor" runs the same ops batched on uint8 tensors (any device); PIL quantises hue to 8 bits, so
     the two differ by about one grey level on average and more on near-grey pixels.
     """
+    import torchvision.transforms.functional as TF  # torchvision loads with the data, not with the CLI
+
     _check_images(x)
     gamma, hue, sat, posterize = feddrm_params(client, num_clients, level)
     ops = [(TF.adjust_saturation, sat, 1.0), (TF.adjust_hue, hue, 0.0), (TF.adjust_gamma, gamma, 1.0),

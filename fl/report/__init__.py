@@ -1,19 +1,20 @@
 """Results: the summary of a run (final / best / last-K, used by fl.train), and the comparison of finished runs
-(`python -m fl.report`): tables, plots and an HTML page, from run directories or W&B."""
-from fl.report.cli import write_report
-from fl.report.plots import all_figures
-from fl.report.runs import ReportError, Run, load_local
-from fl.report.summary import summarize_history
-from fl.report.tables import (
-    default_metrics,
-    group_runs,
-    latex_table,
-    load_sweeps,
-    markdown_table,
-    sweep_metrics,
-    table_rows,
-)
-from fl.report.wandb_access import load_wandb
+(`python -m fl.report`): tables, plots and an HTML page, from run directories or W&B.
 
-__all__ = ["write_report", "all_figures", "ReportError", "Run", "load_local", "summarize_history", "default_metrics",
-           "group_runs", "latex_table", "load_sweeps", "markdown_table", "sweep_metrics", "table_rows", "load_wandb"]
+The names below load with their module on first use, so a run (which needs only the summary) and the command
+line's help never import matplotlib."""
+import importlib
+
+_MODULE_OF = {
+    "write_report": "cli", "all_figures": "plots", "ReportError": "runs", "Run": "runs", "load_local": "runs",
+    "summarize_history": "summary", "default_metrics": "tables", "group_runs": "tables", "latex_table": "tables",
+    "load_sweeps": "tables", "markdown_table": "tables", "sweep_metrics": "tables", "table_rows": "tables",
+    "load_wandb": "wandb_access",
+}
+__all__ = list(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'fl.report' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"fl.report.{_MODULE_OF[name]}"), name)

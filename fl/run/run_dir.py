@@ -10,7 +10,6 @@ import time
 import uuid
 from pathlib import Path
 
-from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig
 
 from fl.config import ConfigError, to_yaml
@@ -37,6 +36,8 @@ def new_run_dir(cfg: DictConfig) -> Path:
 def external_launch() -> tuple[str, int, int] | None:
     """(launcher, processes, this one's global rank) when torchrun or srun started more than one process for this
     run, each on its own: nothing is shared between them before the process group forms."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment  # a run's import
+
     for name, env in (("torchrun", TorchElasticEnvironment), ("srun", SLURMEnvironment)):
         if env.detect():
             launched = env()

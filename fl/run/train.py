@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from lightning.fabric import Fabric
 from omegaconf import DictConfig
 
 from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
@@ -22,9 +22,11 @@ from fl.data import DataError, build_data
 from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
 from fl.run.cli_help import USAGE, list_items, method_help
-from fl.run.loggers import JsonlLogger, make_wandb_logger
 from fl.run.progress import RoundProgress, format_summary, round_label
 from fl.run.run_dir import RUN_DIR_ENV, launched_run_dir, log_partition, prepare_run_dir, write_summary
+
+if TYPE_CHECKING:  # Lightning and W&B load when a run starts (make_fabric, _run): help and errors stay quick
+    from lightning.fabric import Fabric
 
 
 def _fail(message: str, code: int) -> int:
@@ -102,6 +104,8 @@ def resume_on_every_node(fabric: Fabric, cfg: DictConfig, resume):
 
 
 def make_fabric(cfg: DictConfig, callbacks: list, loggers: list) -> Fabric:
+    from lightning.fabric import Fabric
+
     f = cfg.fabric
     precision = {"32": "32-true", "64": "64-true"}.get(str(f.precision), f.precision)
     return Fabric(accelerator=f.accelerator, devices=f.devices, strategy=f.strategy, precision=precision,
@@ -173,6 +177,8 @@ def _run(argv: list[str]) -> int:
         return _fail(str(err), 1)
     except (ValueError, RuntimeError, FileNotFoundError) as err:
         return _fail(f"{type(err).__name__}: {str(err).splitlines()[0]}", 2)
+
+    from fl.run.loggers import JsonlLogger, make_wandb_logger
 
     run_dir = prepare_run_dir(cfg, named)
     jsonl = JsonlLogger(run_dir / "metrics.jsonl")
