@@ -3,7 +3,10 @@
 torch"` (the floor: every command needs torch). The commands alternate, `--repeats` times each; the table is the
 median wall time per command and its ratio to the floor.
 
-    python bench/cli_latency.py [--repeats 5]
+    python bench/cli_latency.py [--repeats 5] [--against OTHER_CHECKOUT]
+
+--against times the same commands in another checkout of the project (e.g. `git archive <commit> | tar -x -C /tmp/old`),
+alternating with this one, so both columns see the same machine load.
 
 Each command's exit code is checked (0 for help and listings, 2 for the errors), so a command that fails for
 another reason than the one timed stops the benchmark instead of timing a traceback.
@@ -33,31 +36,39 @@ COMMANDS = {  # name -> (arguments after `python`, expected exit code)
 }
 
 
-def time_once(args: list[str], expected: int) -> float:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def time_once(root: Path, args: list[str], expected: int) -> float:
+    env = {**os.environ, "PYTHONPATH": str(root)}
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode != expected:
-        raise SystemExit(f"python {' '.join(args)}: exit {done.returncode}, expected {expected}\n{done.stderr[-800:]}")
+        raise SystemExit(f"{root}: python {' '.join(args)}: exit {done.returncode}, expected {expected}\n"
+                         f"{done.stderr[-800:]}")
     return wall
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="runs of each command (alternating)")
+    parser.add_argument("--against", type=Path, help="another checkout to time the same commands in")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
-    times: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    if args.against is not None and not (args.against / "fl" / "train.py").is_file():
+        parser.error(f"--against {args.against}: not a checkout of this project (no fl/train.py)")
+    roots = [ROOT] + ([args.against.resolve()] if args.against else [])
+    times: dict[tuple[Path, str], list[float]] = {(root, name): [] for root in roots for name in COMMANDS}
     for _ in range(args.repeats):
         for name, (argv, expected) in COMMANDS.items():
-            times[name].append(time_once(argv, expected))
-    floor = statistics.median(times["import torch"])
-    print(f"{'command':20s}  {'median s':>8s}  {'min s':>6s}  {'max s':>6s}  {'/ import torch':>14s}")
-    for name, walls in times.items():
-        med = statistics.median(walls)
-        print(f"{name:20s}  {med:8.2f}  {min(walls):6.2f}  {max(walls):6.2f}  {med / floor:14.2f}")
+            for root in roots:
+                times[root, name].append(time_once(root, argv, expected))
+    for root in roots:
+        floor = statistics.median(times[root, "import torch"])
+        print(f"{root}\n{'command':20s}  {'median s':>8s}  {'min s':>6s}  {'max s':>6s}  {'/ import torch':>14s}")
+        for name in COMMANDS:
+            walls = times[root, name]
+            med = statistics.median(walls)
+            print(f"{name:20s}  {med:8.2f}  {min(walls):6.2f}  {max(walls):6.2f}  {med / floor:14.2f}")
     print(f"({args.repeats} runs each, alternating; python {sys.version.split()[0]})")
 
 
