@@ -124,7 +124,7 @@ def print_only(argv: list[str]) -> int | None:
     rest = [a for a in argv if a not in ("-h", "--help", "--print-config")]
     if "-h" in argv or "--help" in argv:
         named = any(a.startswith(("method.name=", "conf=")) for a in rest)
-        method = load_config(rest).method if named else None
+        method = load_config(rest, check=False).method if named else None  # no target etc. needed to read it
         print(method_help(method.name, method) if named else USAGE)
         return 0
     if "--print-config" in argv:
@@ -176,7 +176,7 @@ def _run(argv: list[str]) -> int:
     except StateStoreError as err:
         return _fail(str(err), 1)
     except (ValueError, RuntimeError, FileNotFoundError) as err:
-        return _fail(f"{type(err).__name__}: {str(err).splitlines()[0]}", 2)
+        return _fail((str(err).splitlines() or [type(err).__name__])[0], 2)  # "error: <what>", as every message
 
     from fl.run.loggers import JsonlLogger, make_wandb_logger
 
@@ -248,4 +248,6 @@ def _run(argv: list[str]) -> int:
         print(format_summary(summary))
         files = ", ".join(sorted(p.name for p in run_dir.iterdir()))
         print(f"\nRun directory: {run_dir}  ({files})")
+        if wandb_logger is not None and wandb_mode(cfg.logger.wandb.mode) == "offline":
+            print(f"W&B logged offline; upload the run with: wandb sync {run_dir / 'wandb'}/offline-run-*")
     return 0
