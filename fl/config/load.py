@@ -219,7 +219,8 @@ def _given(key: str, sources) -> str:
 
 
 def _elsewhere(key: str, schema_node: DictConfig) -> str:
-    """Where a misplaced key does live: another method's hyperparameter (`method.mu` with fedavg); "" if nowhere."""
+    """Where a misplaced key does live: another method's hyperparameter (`method.mu` with fedavg), or a key of
+    another block of the same group (`data.partition.train_fraction` is `data.train_fraction`); "" if nowhere."""
     group, leaf = key.split(".", 1)[0], key.rsplit(".", 1)[-1]
     if group == "method":
         takers = sorted(n for n, spec in registry.METHODS.items()
@@ -227,7 +228,14 @@ def _elsewhere(key: str, schema_node: DictConfig) -> str:
         if takers:
             return (f": method.{leaf} is a hyperparameter of {', '.join(takers)}, not of "
                     f"method.name={OmegaConf.select(schema_node, 'method.name')}")
-    return ""
+        return ""
+    block = OmegaConf.select(schema_node, group) if "." in key else None
+    homes = [f"{group}.{k}" for k in _leaf_keys(block) if k.rsplit(".", 1)[-1] == leaf] if isinstance(
+        block, DictConfig) else []
+    if not homes:
+        return ""
+    blocks = ", ".join(f"'{h.rpartition('.')[0]}'" for h in homes)
+    return f": {leaf} is a key of {blocks}, not of '{key.rpartition('.')[0]}'; write {' or '.join(homes)}"
 
 
 def _omegaconf_message(err: OmegaConfBaseException, schema_node: DictConfig, sources=()) -> str:
