@@ -392,3 +392,12 @@ def test_wandb_failing_to_start_costs_the_run_nothing(out, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "W&B could not start run" in err and "run ID abc is in use" in err and "Traceback" not in err
     assert [r["round"] for r in read_metrics(out / "outputs" / "nowandb")] == list(range(ROUNDS))
+
+
+@pytest.mark.parametrize("mode", ["offline", "online", "disabled"])
+def test_an_offline_run_ends_with_the_wandb_sync_command(out, monkeypatch, capsys, mode):
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    FakeWandb(monkeypatch)
+    assert main(args(out, "sync", mode, "trainer.rounds=1")) == 0
+    hint = f"upload the run with: wandb sync {out / 'outputs' / 'sync' / 'wandb'}/offline-run-*"
+    assert (hint in capsys.readouterr().out) == (mode == "offline")

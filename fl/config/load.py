@@ -219,6 +219,26 @@ def _given(key: str, sources) -> str:
     return "null" if value is None else repr(value)
 
 
+def _elsewhere(key: str, schema_node: DictConfig) -> str:
+    """Where a misplaced key does live: another method's hyperparameter (`method.mu` with fedavg), or a key of
+    another block of the same group (`data.partition.train_fraction` is `data.train_fraction`); "" if nowhere."""
+    group, leaf = key.split(".", 1)[0], key.rsplit(".", 1)[-1]
+    if group == "method":
+        takers = sorted(n for n, spec in registry.METHODS.items()
+                        if leaf != "name" and leaf in {f.name for f in fields(spec.config_cls)})
+        if takers:
+            return (f": method.{leaf} is a hyperparameter of {', '.join(takers)}, not of "
+                    f"method.name={OmegaConf.select(schema_node, 'method.name')}")
+        return ""
+    block = OmegaConf.select(schema_node, group) if "." in key else None
+    homes = [f"{group}.{k}" for k in _leaf_keys(block) if k.rsplit(".", 1)[-1] == leaf] if isinstance(
+        block, DictConfig) else []
+    if not homes:
+        return ""
+    blocks = ", ".join(f"'{h.rpartition('.')[0]}'" for h in homes)
+    return f": {leaf} is a key of {blocks}, not of '{key.rpartition('.')[0]}'; write {' or '.join(homes)}"
+
+
 def _omegaconf_message(err: OmegaConfBaseException, schema_node: DictConfig, sources=()) -> str:
     key = getattr(err, "full_key", None) or "?"
     if isinstance(err, ConfigKeyError) or "not in" in str(err):
@@ -226,7 +246,7 @@ def _omegaconf_message(err: OmegaConfBaseException, schema_node: DictConfig, sou
         node = OmegaConf.select(schema_node, parent) if parent else schema_node
         valid = list(node.keys()) if isinstance(node, DictConfig) else []
         where = f"under '{parent}'" if parent else "at the top level"
-        hint = _suggest(leaf, valid, f"{parent}." if parent else "")
+        hint = _elsewhere(key, schema_node) or _suggest(leaf, valid, f"{parent}." if parent else "")
         if not valid:
             return f"unknown key '{key}': '{parent}' has no settings"
         return f"unknown key '{key}'{hint}; valid keys {where}: {', '.join(valid)}"
@@ -344,8 +364,11 @@ def _method_name(*sources) -> Any:
     return name
 
 
-def load_config(argv: list[str]) -> DictConfig:
-    """Build the run config from `conf=NAME key=value ...`; raises ConfigError on bad input."""
+def load_config(argv: list[str], check: bool = True) -> DictConfig:
+    """Build the run config from `conf=NAME key=value ...`; raises ConfigError on bad input. `check=False` stops
+    after typing (unknown keys and wrong types are still refused) without the range, name and cross-key checks of
+    `validate`: a method's help shows its hyperparameters for a config that could not run yet (FedPALS without a
+    target)."""
     registry.load_plugins()
     conf, overrides = parse_argv(argv)
     for arg in overrides:  # one at a time, so the message names the bad one
@@ -378,7 +401,8 @@ def load_config(argv: list[str]) -> DictConfig:
         raise ConfigError(f"{key}: {str(err).splitlines()[0]} (set in {where})") from None
     if cfg.trainer.local_steps is not None:
         cfg.trainer.local_epochs = None  # steps win; keep the resolved config honest
-    validate(cfg)
+    if check:
+        validate(cfg)
     return cfg
 
 

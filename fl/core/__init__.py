@@ -4,7 +4,7 @@ from fl.core.batches import augment, batch_indices
 from fl.core.callbacks import Callback, EarlyStopping
 from fl.core.client import HEAD, ClientModule, Upload
 from fl.core.context import EvalContext, RoundContext
-from fl.core.evaluation import Evaluator, GroupedAccuracy, summarize_clients
+from fl.core.evaluation import Evaluator, summarize_clients
 from fl.core.federated_data import ClientData, FederatedData, Split, Target
 from fl.core.loop import Interrupted, Orchestrator, TrainingFault, make_client_module, sample_clients
 from fl.core.optim import build_optimizer, finetune_lr, round_lr
@@ -31,3 +31,11 @@ __all__ = ["METHODS", "MethodSpec", "build_model", "load_plugins", "register_aug
            "Evaluator", "GroupedAccuracy", "summarize_clients", "Interrupted", "Orchestrator", "TrainingFault",
            "make_client_module", "sample_clients", "CheckpointError", "latest_checkpoint", "Callback", "EarlyStopping",
            "float32_island", "loss_scaler"]
+
+
+def __getattr__(name: str):
+    """GroupedAccuracy (a torchmetrics Metric) loads on first use, so importing fl.core imports no torchmetrics."""
+    if name == "GroupedAccuracy":
+        from fl.core.accuracy import GroupedAccuracy
+        return GroupedAccuracy
+    raise AttributeError(f"module 'fl.core' has no attribute {name!r}")

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
-from lightning.fabric import Fabric
 from torch import Tensor
 
 from fl.core.exchange import WeightedSum, gather_objects
+
+if TYPE_CHECKING:  # Lightning loads with the run, not with a method or an evaluator
+    from lightning.fabric import Fabric
 
 # coordinates per chunk times clients: bounds the memory of sorting the uploads of one tensor (float64 + ranks)
 CHUNK_ELEMENTS = 1 << 24

@@ -1,5 +1,10 @@
 """ClientModule: the LightningModule a method subclasses. Its `training_step` holds the paper's client loss.
 
+Lightning joins when a client is built, not when a method's module is imported: `ClientModule` declares no
+base, and instantiating a subclass makes an instance of that class with `L.LightningModule` mixed in
+(`with_lightning`). So listing the methods, a method's help and checking a config import every method
+without importing Lightning, while every module a run trains is a LightningModule.
+
 One instance lives on each process for the whole run; the loop swaps each client's state in and out of
 it. A round for client i is:
 
@@ -21,7 +26,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
@@ -67,7 +71,30 @@ def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
-class ClientModule(L.LightningModule):
+_WITH_LIGHTNING: dict[type, type] = {}
+
+
+def with_lightning(cls: type) -> type:
+    """`cls` with Lightning's LightningModule mixed in after it (its hooks and overrides keep precedence), under
+    the same name; one class per `cls`, and a class that already has it maps to itself. `functional` is read
+    from the class itself (fl/core/parallel.py), so the mixed class carries the method class's own flag."""
+    if cls not in _WITH_LIGHTNING:
+        import lightning as L
+
+        mixed = type(cls.__name__, (cls, L.LightningModule), {
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+            "functional": vars(cls).get("functional", False)})
+        _WITH_LIGHTNING[cls] = _WITH_LIGHTNING[mixed] = mixed
+    return _WITH_LIGHTNING[cls]
+
+
+class ClientModule:
+    """A LightningModule once instantiated (see the module's docstring): `self.fabric`, `self.device`,
+    `manual_backward`, `automatic_optimization` and nn.Module's state_dict / parameters are Lightning's."""
+
+    def __new__(cls, *args, **kwargs):
+        return super().__new__(with_lightning(cls))
+
     #: keep each client's optimizer state (e.g. momentum) in the state store across rounds
     keep_optimizer_state: bool = False
     #: attributes each client keeps between rounds (in the state store); a client's first visit starts

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from lightning.fabric import Fabric
 from omegaconf import DictConfig
 
 from fl.core.client import ClientModule
 from fl.core.federated_data import FederatedData
+
+if TYPE_CHECKING:  # Lightning loads with the run, not with a method or an evaluator
+    from lightning.fabric import Fabric
 
 
 @dataclass

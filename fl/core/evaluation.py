@@ -4,44 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
-from torchmetrics.classification import MulticlassAccuracy
 
 from fl.core.context import EvalContext
 from fl.core.exchange import gather_objects
-
-
-class GroupedAccuracy(Metric):
-    """Correct / total per group (a client, a class, ...), as float64 counts summed across processes."""
-
-    full_state_update = False
-
-    def __init__(self, num_groups: int, **kwargs):
-        super().__init__(**kwargs)
-        self.add_state("correct", torch.zeros(num_groups, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("total", torch.zeros(num_groups, dtype=torch.float64), dist_reduce_fx="sum")
-
-    def update(self, preds: Tensor, target: Tensor, group: Optional[int] = None) -> None:
-        """All samples in one `group`, or (group=None) each sample in the group of its true class."""
-        if group is None:
-            K = self.total.numel()
-            self.total += torch.bincount(target, minlength=K).to(self.total.dtype)
-            self.correct += torch.bincount(target[preds == target], minlength=K).to(self.correct.dtype)
-        else:
-            self.correct[group] += (preds == target).sum()
-            self.total[group] += target.numel()
-
-    def compute(self) -> tuple[Tensor, Tensor]:
-        return self.correct.clone(), self.total.clone()
-
-    def counts(self) -> tuple[Tensor, Tensor]:
-        """(correct, total) per group, summed across processes (torchmetrics squeezes a 1-element compute()
-        result; these stay vectors)."""
-        return tuple(t.reshape(-1) for t in self.compute())
 
 
 def summarize_clients(correct: Tensor, total: Tensor, train_sizes: list[int], prefix: str = "test/") -> dict[str,
@@ -100,6 +69,10 @@ class Evaluator:
 def evaluate_clients(ctx: EvalContext) -> dict[str, float]:
     """Each client's model on its own test split (after `personalize`, whose scalars are logged as
     client/<i>/<name>), and the global model on the pooled test set when the method has one."""
+    from torchmetrics.classification import MulticlassAccuracy  # torchmetrics loads with the first evaluation
+
+    from fl.core.accuracy import GroupedAccuracy
+
     fabric, data, m = ctx.fabric, ctx.data, ctx.module
     per_client = GroupedAccuracy(data.num_clients).to(fabric.device)
     logs: dict[int, dict[str, float]] = {}

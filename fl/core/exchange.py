@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from lightning.fabric import Fabric
+
+if TYPE_CHECKING:  # Lightning loads with the run, not with a method or an evaluator
+    from lightning.fabric import Fabric
 
 
 @dataclass

@@ -16,11 +16,10 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
-from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
 from fl.core.aggregation import Uploads
@@ -45,6 +44,9 @@ from fl.core.registry import EVALUATORS, METHODS
 from fl.core.seeding import derive_seed, seed_torch
 from fl.core.server import Server
 from fl.core.state import CheckpointError, ClientStateStore, host_memory_bytes, make_state_store, save_checkpoint
+
+if TYPE_CHECKING:  # Lightning loads with the run, not with a method or an evaluator
+    from lightning.fabric import Fabric
 
 LOSS_SCALE = "loss_scale"  # a client state's entry: its GradScaler state under 16-mixed
 

@@ -12,10 +12,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
-from lightning.fabric import Fabric
+
+if TYPE_CHECKING:  # Lightning loads with the run, not with a method or an evaluator
+    from lightning.fabric import Fabric
 
 from fl.core.exchange import gather_objects
 from fl.core.state_files import (

@@ -1,7 +1,10 @@
 """What a loader returns (a Pool, before it is split over the clients) and how a missing dataset is reported."""
 from __future__ import annotations
 
+import contextlib
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -12,10 +15,12 @@ from fl.core import Split
 
 
 class DataError(ConfigError):
-    """A missing or malformed dataset: one line naming the path, the layout expected and how to get it."""
+    """A missing or malformed dataset: one line naming the path (said to be missing, or there but malformed), the
+    layout expected and how to get it."""
 
     def __init__(self, path, expected: str, obtain: str):
-        super().__init__(f"dataset not found or malformed at {path}: expected {expected}; {obtain}")
+        what = f"dataset at {path} is malformed" if Path(path).exists() else f"dataset not found at {path}"
+        super().__init__(f"{what}: expected {expected}; {obtain}")
 
 
 @dataclass
@@ -35,6 +40,23 @@ class Pool:
     mean: Optional[tuple[float, ...]] = None
     std: Optional[tuple[float, ...]] = None
     fine_labels: Optional[tuple[Tensor, Optional[Tensor]]] = None  # (train, test) finer labels, e.g. CIFAR-100's
+
+
+@contextlib.contextmanager
+def removed_if_failed(folder: Path):
+    """A download into `folder`: the folders it creates on the way (torchvision makes them before it fetches
+    anything) are removed again if it fails, so a failed download leaves no empty dataset folder behind."""
+    new = None
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        new = path  # the outermost folder that does not exist yet
+    try:
+        yield
+    except BaseException:
+        if new is not None:
+            shutil.rmtree(new, ignore_errors=True)
+        raise
 
 
 def check_no_variant(d, dataset: str) -> None:

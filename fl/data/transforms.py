@@ -29,7 +29,6 @@ from typing import Optional
 import numpy as np
 import torch
 import torch.nn.functional as nnf
-import torchvision.transforms.functional as TF
 from PIL import Image
 from torch import Tensor
 
@@ -97,6 +96,8 @@ def feddrm_color(x: Tensor, client: int, num_clients: int, level: str = "auto", 
     saturation 1, App. F.2.1); the official code still runs PIL's 8-bit HSV round trip at hue 0, which moves about a
     third of the pixels by 0.5 grey levels on average (max 6).
     """
+    import torchvision.transforms.functional as TF  # torchvision loads with the data, not with the CLI
+
     _check_images(x)
     _check_client(client, num_clients)
     if backend == "tensor":

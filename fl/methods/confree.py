@@ -48,7 +48,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import cvxpy as cp
 import numpy as np
 import torch
 from torch import Tensor
@@ -91,6 +90,8 @@ def worst_client_weights(gram: np.ndarray, guide: np.ndarray, norm: float, c: fl
                          solver: str = "CLARABEL") -> np.ndarray:
     """w* of Eq. 5 on the simplex: argmin_w Delta_perp . Delta_w + c ||Delta_perp|| ||Delta_w||, from the Gram matrix
     G_ij = Delta_i . Delta_j, guide_j = Delta_j . Delta_perp and norm = ||Delta_perp|| (scaled to order 1 first)."""
+    import cvxpy as cp  # loads with the first solve, not with the method
+
     n = len(guide)
     if n == 1:
         return np.ones(1)

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import cvxpy as cp
 import numpy as np
+
+if TYPE_CHECKING:
+    import cvxpy as cp
 
 SOLVERS = ("CLARABEL", "OSQP", "SCS")
 
@@ -16,6 +18,8 @@ def solve_simplex(problem: cp.Problem, variable: cp.Variable, solver: str, what:
     and renormalised (solvers leave tiny negative or off-sum residues). A solution the solver calls
     `optimal_inaccurate` is polished by the other solvers; if none reaches `optimal`, it is used with a
     warning. Raises RuntimeError naming `what` when every solver fails."""
+    import cvxpy as cp  # loads with the first solve, not with the method
+
     inaccurate = None
     for name in (solver,) + tuple(s for s in SOLVERS if s != solver):
         try:

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from fl.config import param
-from fl.core import EvalContext, Evaluator, GroupedAccuracy, register_evaluator
+from fl.core import EvalContext, Evaluator, register_evaluator
 from fl.core.label_sums import class_sums, label_counts
 
 KL_REDUCTIONS = ("mean_present", "sum", "batchmean_C")
@@ -100,6 +100,8 @@ def local_probability_matrix(module, split) -> tuple[Tensor, Tensor]:
 
 def class_counts(ctx: EvalContext, start: int = 0, stride: int = 1, sync: bool = True) -> tuple[Tensor, Tensor]:
     """Correct and total predictions per true class of the loaded model on the pooled test set."""
+    from fl.core import GroupedAccuracy  # a torchmetrics Metric: loads with the first evaluation
+
     counts = GroupedAccuracy(ctx.data.num_classes, sync_on_compute=sync).to(ctx.fabric.device)
     for logits, y in ctx.module.eval_pass(ctx.data.pooled_test(), start=start, stride=stride):
         counts.update(logits.argmax(1), y)

@@ -5,7 +5,6 @@ Every process scores the whole (small) sets, so no collective is needed."""
 from __future__ import annotations
 
 import torch
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from fl.core import EvalContext, Evaluator, register_evaluator
 
@@ -15,6 +14,8 @@ class TargetAccuracy(Evaluator):
     name = "target"
 
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
+        from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score  # loads with the run
+
         target, m = ctx.data.target, ctx.module
         if target is None or not m.has_global_model:
             return {}

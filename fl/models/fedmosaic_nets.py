@@ -21,6 +21,8 @@ from fl.models.small import BackboneHead
 
 @register_model("alexnet_bn")
 def alexnet_bn(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
+    """FedBN's AlexNet with BatchNorm (Office-Caltech10 / DomainNet at 256 px, about 57M parameters; inputs of at
+    least 64 px)."""
     c = input_shape[0]
 
     def conv(cin, cout, k, s, p):
@@ -62,17 +64,20 @@ class ViTBackbone(nn.Module):
 
 @register_model("vit_s16")
 def vit_s16(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
+    """ViT-S/16 trained from scratch (384 wide, 12 blocks, 6 heads), FedMosaic's DomainNet model (Table 4)."""
     return BackboneHead(ViTBackbone(input_shape, 16, 384, 12, 6), 384, num_classes)
 
 
 @register_model("vit_mini")
 def vit_mini(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
+    """A CPU-sized ViT with vit_s16's structure: patch 4, 4 blocks, 4 heads, 4 * model.width wide."""
     dim = 4 * cfg.width
     return BackboneHead(ViTBackbone(input_shape, 4, dim, 4, 4), dim, num_classes)
 
 
 @register_model("fedct_cnn")
 def fedct_cnn(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
+    """FedCT's CIFAR-10 CNN: 3 blocks of 2 x conv3x3 [32, 64, 128] + BN + max-pool + dropout, then FC 128."""
     c, h, w = input_shape
 
     def block(cin, cout, drop):

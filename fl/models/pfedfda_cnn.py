@@ -33,9 +33,11 @@ def _backbone(input_shape: tuple, specs: list) -> nn.Sequential:
 
 @register_model("cifarnet")
 def cifarnet(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
+    """pFedFDA's CIFAR CNN (from FedPAC): three conv blocks (16/32/64 channels), 128-d features."""
     return BackboneHead(_backbone(input_shape, [(16, 5, 0), (32, 5, 1), (64, 3, 1)]), FEATURE_DIM, num_classes)
 
 
 @register_model("emnistnet")
 def emnistnet(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
+    """pFedFDA's EMNIST CNN (from FedPAC): two conv blocks (16/32 channels), 128-d features."""
     return BackboneHead(_backbone(input_shape, [(16, 5, 0), (32, 5, 1)]), FEATURE_DIM, num_classes)

@@ -13,7 +13,6 @@ import socket
 from pathlib import Path
 
 import torch
-import torchvision
 from torch import Tensor, nn
 
 from fl.config import ConfigError
@@ -33,6 +32,8 @@ def state_dict_from(spec: str, download: bool) -> dict[str, Tensor]:
         if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
             raise ConfigError(f"model.pretrained={spec!r}: the file holds no state dict of tensors")
         return state
+    import torchvision  # loads when weights are named, not with the CLI
+
     try:
         weights = torchvision.models.get_weight(spec)
     except (ValueError, KeyError, AttributeError):

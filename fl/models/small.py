@@ -75,6 +75,7 @@ def cnn(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
 
 @register_model("mlp")
 def mlp(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
+    """Two hidden layers of 4 * model.width units on the flattened input (images or feature vectors)."""
     d = math.prod(input_shape)
     backbone = nn.Sequential(nn.Flatten(), nn.Linear(d, 4 * cfg.width), nn.ReLU(),
                              nn.Linear(4 * cfg.width, 4 * cfg.width), nn.ReLU())
@@ -83,4 +84,5 @@ def mlp(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
 
 @register_model("logistic")
 def logistic(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
+    """Multinomial logistic regression on the flattened input: a linear head, no backbone parameters."""
     return BackboneHead(nn.Flatten(), math.prod(input_shape), num_classes)

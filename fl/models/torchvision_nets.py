@@ -1,7 +1,6 @@
 """torchvision's ImageNet architectures as BackboneHeads, for fine-tuning pretrained weights (`model.pretrained`)."""
 from __future__ import annotations
 
-import torchvision
 from torch import nn
 
 from fl.core.registry import register_model
@@ -12,6 +11,8 @@ from fl.models.small import BackboneHead
 def resnet50(cfg, input_shape: tuple, num_classes: int) -> BackboneHead:
     """torchvision's ResNet-50 (BatchNorm, ImageNet stem): 2048-d features, a new linear head. FedPALS fine-tunes
     it from ImageNet weights on PACS at 224 px (App. A.3)."""
+    import torchvision  # loads when the model is built, not with the CLI
+
     net = torchvision.models.resnet50(weights=None)
     if input_shape[0] != 3:
         net.conv1 = nn.Conv2d(input_shape[0], 64, 7, 2, 3, bias=False)

@@ -1,13 +1,20 @@
 """Results: the summary of a run (final / best / last-K, used by fl.train), and the comparison of finished runs
-(`python -m fl.report`): tables, plots and an HTML page, from run directories or W&B."""
-from fl.report.cli import load_inputs, write_report
-from fl.report.groups import group_runs
-from fl.report.plots import all_figures
-from fl.report.runs import ReportError, Run, load_local, load_sweeps
-from fl.report.summary import summarize_history
-from fl.report.tables import default_metrics, latex_table, markdown_table, table_rows
-from fl.report.wandb_access import load_wandb
+(`python -m fl.report`): tables, plots and an HTML page, from run directories or W&B.
 
-__all__ = ["load_inputs", "write_report", "all_figures", "ReportError", "Run", "load_local", "load_sweeps",
-           "summarize_history", "default_metrics", "group_runs", "latex_table", "markdown_table", "table_rows",
-           "load_wandb"]
+The names below load with their module on first use, so a run (which needs only the summary) and the command
+line's help never import matplotlib."""
+import importlib
+
+_MODULE_OF = {
+    "load_inputs": "cli", "write_report": "cli", "all_figures": "plots", "group_runs": "groups", "ReportError": "runs",
+    "Run": "runs", "load_local": "runs", "load_sweeps": "runs", "summarize_history": "summary",
+    "default_metrics": "tables", "latex_table": "tables", "markdown_table": "tables", "table_rows": "tables",
+    "load_wandb": "wandb_access",
+}
+__all__ = list(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'fl.report' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"fl.report.{_MODULE_OF[name]}"), name)

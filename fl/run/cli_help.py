@@ -33,6 +33,17 @@ def _describe(builder) -> str:
     return _first_line(builder.__doc__) or _first_line(sys.modules[builder.__module__].__doc__)
 
 
+def method_description(spec) -> str:
+    """What a method is: its config class's own docstring when it has one (fedacd_base, FedACD's ablation), else
+    the docstring of the module that defines its config, which is the method's own module (fedpals trains
+    with FedProx's client class, so the client's module would call it FedProx)."""
+    cls = spec.config_cls
+    own = vars(cls).get("__doc__") or ""
+    if own.startswith(f"{cls.__name__}("):  # the signature @dataclass writes when the class has no docstring
+        own = ""
+    return _first_line(own) or _first_line(sys.modules[cls.__module__].__doc__)
+
+
 def _conf_description(name: str) -> str:
     """A config's first comment line (every shipped config opens with what it is)."""
     for line in (CONF_DIR / f"{name}.yaml").read_text().splitlines():
@@ -45,7 +56,7 @@ def list_items(kind: str) -> str:
     """One line per registered item of `kind`: its name and what it is."""
     registry.load_plugins()
     if kind == "methods":
-        items = {n: _first_line(sys.modules[s.client_cls.__module__].__doc__) for n, s in registry.METHODS.items()}
+        items = {n: method_description(s) for n, s in registry.METHODS.items()}
     elif kind == "configs":
         items = {n: _conf_description(n) for n in available_confs()}
     elif kind == "datasets":
@@ -67,7 +78,7 @@ def method_help(name: str, values=None) -> str:
     if name not in registry.METHODS:
         raise ConfigError(choices_msg("method.name", name, registry.METHODS))
     spec = registry.METHODS[name]
-    lines = [f"method.name={name}: {_first_line(sys.modules[spec.client_cls.__module__].__doc__)}",
+    lines = [f"method.name={name}: {method_description(spec)}",
              f"headline metric: {spec.headline or 'test/acc_mean_clients'}", "", "hyperparameters:"]
     for f in fields(spec.config_cls):
         if f.name == "name":
@@ -78,7 +89,7 @@ def method_help(name: str, values=None) -> str:
                   if meta.get(key) is not None]
         if meta.get("choices"):
             bounds.append("one of " + ", ".join(map(str, meta["choices"])))
-        type_name = getattr(f.type, "__name__", str(f.type))
+        type_name = f.type.__name__ if isinstance(f.type, type) else str(f.type).replace("typing.", "")
         rng = f"  [{', '.join(bounds)}]" if bounds else ""
         value = values[f.name] if values is not None and f.name in values else default
         was = f", default {default!r}" if value != default else ""

@@ -11,11 +11,11 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
-from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig
 
 from fl.config import ConfigError, to_yaml
 from fl.data.plots import partition_heatmaps, write_partition_info
+from fl.report.wandb_access import wandb_mode
 
 RUN_DIR_ENV = "FL_RUN_DIR"  # lets the processes a Fabric launcher starts find the parent's run directory
 
@@ -38,6 +38,8 @@ def new_run_dir(cfg: DictConfig) -> Path:
 def external_launch() -> tuple[str, int, int] | None:
     """(launcher, processes, this one's global rank) when torchrun or srun started more than one process for this
     run, each on its own: nothing is shared between them before the process group forms."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment  # a run's import
+
     for name, env in (("torchrun", TorchElasticEnvironment), ("srun", SLURMEnvironment)):
         if env.detect():
             launched = env()
@@ -92,7 +94,8 @@ def prepare_run_dir(cfg: DictConfig, named: Path | None = None) -> Path:
     tmp.write_text(to_yaml(cfg))
     tmp.replace(run_dir / "config.yaml")
     launch = external_launch()
-    if not (run_dir / "wandb_id").exists() and (launch is None or launch[2] == 0):  # rank 0 logs to W&B
+    logs_to_wandb = wandb_mode(cfg.logger.wandb.mode) != "disabled" and (launch is None or launch[2] == 0)  # rank 0
+    if logs_to_wandb and not (run_dir / "wandb_id").exists():
         (run_dir / "wandb_id").write_text(uuid.uuid4().hex[:12])
     os.environ[RUN_DIR_ENV] = str(run_dir)
     return run_dir

@@ -10,10 +10,9 @@ import os
 import sys
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from lightning.fabric import Fabric
-from lightning.fabric.plugins.precision import MixedPrecision
 from omegaconf import DictConfig
 
 from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
@@ -33,9 +32,11 @@ from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
 from fl.run.cli_help import USAGE, list_items, method_help
 from fl.run.determinism import deterministic_algorithms
-from fl.run.loggers import JsonlLogger, make_wandb_logger
 from fl.run.progress import RoundProgress, format_summary, round_label
 from fl.run.run_dir import RUN_DIR_ENV, launched_run_dir, log_partition, planned_run_dir, prepare_run_dir, write_summary
+
+if TYPE_CHECKING:  # Lightning and W&B load when a run starts (make_fabric, _run): help and errors stay quick
+    from lightning.fabric import Fabric
 
 
 def _fail(message: str, code: int) -> int:
@@ -140,6 +141,9 @@ def restore_with_fallback(fabric: Fabric, cfg: DictConfig, orch, resume):
 
 
 def make_fabric(cfg: DictConfig, callbacks: list, loggers: list) -> Fabric:
+    from lightning.fabric import Fabric
+    from lightning.fabric.plugins.precision import MixedPrecision
+
     f = cfg.fabric
     precision = {"32": "32-true", "64": "64-true"}.get(str(f.precision), f.precision)
     on_cpu = f.accelerator == "cpu" or (f.accelerator == "auto" and not torch.cuda.is_available()
@@ -164,7 +168,7 @@ def print_only(argv: list[str]) -> int | None:
     rest = [a for a in argv if a not in ("-h", "--help", "--print-config")]
     if "-h" in argv or "--help" in argv:
         named = any(a.startswith(("method.name=", "conf=")) for a in rest)
-        method = load_config(rest).method if named else None
+        method = load_config(rest, check=False).method if named else None  # no target etc. needed to read it
         print(method_help(method.name, method) if named else USAGE)
         return 0
     if "--print-config" in argv:
@@ -218,7 +222,9 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
     except StateStoreError as err:
         return _fail(str(err), 1)
     except (ValueError, RuntimeError, FileNotFoundError) as err:
-        return _fail(f"{type(err).__name__}: {str(err).splitlines()[0]}", 2)
+        return _fail((str(err).splitlines() or [type(err).__name__])[0], 2)  # "error: <what>", as every message
+
+    from fl.run.loggers import JsonlLogger, make_wandb_logger
 
     cleanup.enter_context(deterministic_algorithms(cfg.fabric.deterministic))  # before the first cuBLAS call
     run_dir = prepare_run_dir(cfg, named)
@@ -297,4 +303,6 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
         print(format_summary(summary))
         files = ", ".join(sorted(p.name for p in run_dir.iterdir()))
         print(f"\nRun directory: {run_dir}  ({files})")
+        if wandb_logger is not None and wandb_mode(cfg.logger.wandb.mode) == "offline":
+            print(f"W&B logged offline; upload the run with: wandb sync {run_dir / 'wandb'}/offline-run-*")
     return 0

@@ -2,7 +2,7 @@
 
     python -m fl.sweep sweeps/X.yaml [--seeds 0,1,2] [--parallel N] [--count N] [--out DIR] [key=value ...]
     python -m fl.sweep --make conf=NAME params=method.lam[,method.mu] [out=FILE] [method=grid|random|bayes]
-                       [metric=KEY] [goal=maximize|minimize] [seeds=0,1,2]
+                       [metric=KEY] [goal=maximize|minimize] [seeds=0,1,2] [run_cap=N]
 
 Each point x seed is one `python -m fl.train` run in <out>/<sweep name>/<point>-s<seed>/ (default out:
 outputs/sweeps). A run is finished when its directory has summary.json; running the same command again
@@ -230,7 +230,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if argv and argv[0] == "--make":
             return make_main(argv[1:])
-        p = argparse.ArgumentParser(prog="python -m fl.sweep", description=__doc__.split("\n\n")[0])
+        usage = __doc__.split("\n\n")[1]  # the module docstring's two commands: a sweep file, and --make
+        p = argparse.ArgumentParser(prog="python -m fl.sweep", description=__doc__.split("\n\n")[0],
+                                    formatter_class=argparse.RawDescriptionHelpFormatter,
+                                    epilog="write a sweep file from a method's declared search ranges:\n"
+                                    + usage[usage.index("    python -m fl.sweep --make"):])
         p.add_argument("file")
         p.add_argument("overrides", nargs="*", help="key=value passed to every run")
         p.add_argument("--seeds", help="comma-separated seeds; each point runs once per seed")

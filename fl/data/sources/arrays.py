@@ -59,8 +59,11 @@ def _images_or_features(x: Tensor, path: Path, key: str) -> Tensor:
             return x.permute(0, 3, 1, 2).contiguous()
         return x
     if x.dtype != torch.uint8 or x.dim() not in (3, 4):
-        raise DataError(path, f"{key} as uint8 images [N,H,W]/[N,C,H,W]/[N,H,W,C] or float features "
-                              f"(got {tuple(x.shape)} {x.dtype}; {LAYOUT})", OBTAIN)
+        got = str(x.dtype).removeprefix("torch.")
+        fix = ("cast pixel values to uint8, features to float32" if x.dtype != torch.uint8 else
+               "uint8 images have 3 or 4 dimensions; save features as floats")
+        raise DataError(path, f"{key} as uint8 images [N,H,W]/[N,C,H,W]/[N,H,W,C] or float features, but {key} is "
+                              f"{got} of shape {tuple(x.shape)}: {fix} ({LAYOUT})", OBTAIN)
     if x.dim() == 3:
         return x.unsqueeze(1)
     if x.shape[1] in (1, 3):

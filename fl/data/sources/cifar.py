@@ -22,7 +22,7 @@ from torch import Tensor
 
 from fl.core import Split
 from fl.core.registry import register_dataset
-from fl.data.base import DataError, Pool, check_no_variant
+from fl.data.base import DataError, Pool, check_no_variant, removed_if_failed
 
 # Normalize(0.5, 0.5) -> [-1, 1]: FedDRM (official code), FedMosaic (Sec. 8), pFedFDA (Sec. 5.1);
 # FedACD gives no preprocessing.
@@ -43,7 +43,8 @@ def _ensure(d: DictConfig, layout: tuple, tv_name: str) -> Path:
     if not all(f.is_file() for f in files) and d.download:
         import torchvision.datasets as tvd
         try:
-            getattr(tvd, tv_name)(d.root, train=True, download=True)
+            with removed_if_failed(base):
+                getattr(tvd, tv_name)(d.root, train=True, download=True)
         except Exception as err:  # no network, bad archive
             raise DataError(base, f"torchvision's {folder}/ ({', '.join(train + test + [meta])})",
                             f"the download failed ({str(err).splitlines()[0] if str(err) else type(err).__name__}); "

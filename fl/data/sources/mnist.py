@@ -11,6 +11,7 @@ e.g. converted to the `arrays` format. EMNIST stores images transposed; they are
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -19,7 +20,7 @@ from torch import Tensor
 from fl.config import ConfigError
 from fl.core import Split
 from fl.core.registry import register_dataset
-from fl.data.base import DataError, Pool, check_no_variant
+from fl.data.base import DataError, Pool, check_no_variant, removed_if_failed
 
 MEAN, STD = (0.5,), (0.5,)  # Normalize(0.5, 0.5) -> [-1, 1]: FedMosaic Sec. 8 (FMNIST), pFedFDA Sec. 5.1
 NATIVE_SIZE = 28
@@ -39,8 +40,9 @@ def _torchvision(d: DictConfig, cls_name: str, files: list[str], **kw) -> tuple[
                         "set data.download=true to fetch it with torchvision")
     try:
         cls = getattr(tvd, cls_name)
-        return (cls(d.root, train=True, download=d.download, **kw),
-                cls(d.root, train=False, download=False, **kw))
+        with removed_if_failed(raw) if d.download else contextlib.nullcontext():
+            return (cls(d.root, train=True, download=d.download, **kw),
+                    cls(d.root, train=False, download=False, **kw))
     except Exception as err:  # a malformed idx file, or a failed download
         why = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(raw, f"{layout} ({why})", "set data.download=true to fetch it with torchvision, or "

@@ -72,6 +72,8 @@ class FedACDConfig(MethodConfig):
 
 @dataclass
 class FedACDBaseConfig(FedACDConfig):
+    """FedACD_base, FedACD's ablation (Zhou et al. 2025): the same client losses, uniform aggregation weights."""
+
     name: str = "fedacd_base"
     aggregation: str = param("uniform", choices=["uniform"], help="FedACD_base: uniform weights")
 

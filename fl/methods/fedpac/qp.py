@@ -17,7 +17,6 @@ for client 1.
 """
 from __future__ import annotations
 
-import cvxpy as cp
 import numpy as np
 
 from fl.methods.simplex_qp import SOLVERS, solve_simplex  # noqa: F401  (SOLVERS: the configs' choices)
@@ -28,6 +27,8 @@ OPTIONS = {"CLARABEL": {"tol_gap_abs": 1e-10, "tol_gap_rel": 1e-10, "tol_feas": 
 
 def combination_weights(h: np.ndarray, v: np.ndarray, i: int, solver: str = "CLARABEL") -> np.ndarray:
     """alpha_i for client (row) i. h: (M, D) flattened statistics h_j; v: (M,) variances V_j >= 0."""
+    import cvxpy as cp  # loads with the first solve, not with the method
+
     h, v = np.asarray(h, dtype=float), np.clip(np.asarray(v, dtype=float), 0.0, None)
     m = len(v)
     if m == 1:

@@ -10,12 +10,14 @@ The problem is compiled once per set of clients with lambda as a parameter (FedP
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import cvxpy as cp
 import numpy as np
 
 from fl.methods.simplex_qp import SOLVERS, solve_simplex  # noqa: F401  (SOLVERS: the configs' choices)
+
+if TYPE_CHECKING:
+    import cvxpy as cp
 
 
 def ess(alpha: np.ndarray, n: np.ndarray) -> float:
@@ -37,6 +39,8 @@ class FedPALSQP:
     (the ESS bisection) re-uses the compiled problem."""
 
     def __init__(self, S, T, n, solver: str = "CLARABEL"):
+        import cvxpy as cp  # loads with the first solve, not with the method
+
         self.S, self.T, self.n = (np.asarray(v, dtype=float) for v in (S, T, n))
         self.solver = solver
         M, N = len(self.n), self.n.sum()
@@ -86,6 +90,8 @@ class FedPALSQP:
         the hull's face that holds p* (those whose gradient S_k . (p* - T) is minimal, by the KKT conditions).
         Matching the first stage's own p* over every client instead lets an interior-point solution ~1e-9 inside
         the hull put weight on clients off that face."""
+        import cvxpy as cp  # loads with the first solve, not with the method
+
         S, T, a = self.S, self.T, self.a
         self.lam.value = 0.0
         first = _solve(self.problem, a, self.solver)
