@@ -83,10 +83,11 @@ TIMING = "time/"  # wall times (time/round_s): they differ from run to run, the 
 
 
 def without_timing(value):
-    """`value` (metrics.jsonl rows, a summary.json, a checkpoint's history) with every time/* key left out, for
-    comparing two runs."""
+    """`value` (metrics.jsonl rows, a summary.json, a checkpoint's history) with every time/* key and summary.json's
+    wall-clock `finished_at` left out, for comparing two runs."""
     if isinstance(value, dict):
-        return {k: without_timing(v) for k, v in value.items() if not (isinstance(k, str) and k.startswith(TIMING))}
+        return {k: without_timing(v) for k, v in value.items()
+                if not (isinstance(k, str) and (k.startswith(TIMING) or k == "finished_at"))}
     if isinstance(value, list):
         return [without_timing(v) for v in value]
     return value
