@@ -38,8 +38,8 @@ def rows_for(rounds: int, eval_rounds: set[int]) -> list[dict]:
     for r in range(rounds):
         row = {"train/loss": 1.0 / (r + 1), "time/round_s": 0.5 + r, "client/0/loss": 0.3}
         if r in eval_rounds:
-            row.update({"test/acc_mean_clients": 0.1 * r, "test/acc_global": 0.05 * r, "test/target_acc": 0.2 + r / 100,
-                        "client/0/acc": 0.1})
+            row.update({"test/acc_mean_clients": 0.1 * r, "test/acc_global_micro": 0.05 * r,
+                        "test/target_acc": 0.2 + r / 100, "client/0/acc": 0.1})
         out.append(row)
     return out
 
@@ -53,7 +53,7 @@ def test_the_progress_line_leads_with_the_methods_headline_metric():
     (line,) = stream.getvalue().splitlines()
     text = LINE.match(line).group(3)
     assert text.startswith("target_acc=0.2100 ")  # the headline first, then the usual keys
-    assert "acc_mean_clients=0.1000" in text and "acc_global=0.0500" in text and "loss=0.5000" in text
+    assert "acc_mean_clients=0.1000" in text and "acc_global_micro=0.0500" in text and "loss=0.5000" in text
     # no headline given (or a method without one): the mean client accuracy leads
     stream = FileLike()
     progress = RoundProgress(2, 0, stream=stream)
@@ -159,6 +159,7 @@ def test_a_runs_progress_leads_with_its_methods_headline(out, capsys):
     import torch
 
     torch.set_num_threads(1)
-    run_tiny(out, "method.name=fedacd", "trainer.rounds=2", "logger.progress=true", name="acd")  # headline global_acc
+    # FedACD's headline: the global model's balanced accuracy
+    run_tiny(out, "method.name=fedacd", "trainer.rounds=2", "logger.progress=true", name="acd")
     lines = [m.group(3) for m in map(LINE.match, capsys.readouterr().err.splitlines()) if m]
-    assert lines and all(text.startswith("global_acc=") for text in lines)
+    assert lines and all(text.startswith("acc_global_balanced=") for text in lines)

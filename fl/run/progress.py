@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from fl.report.tables import DEFAULT_METRIC
 
-LIVE_KEYS = ("train/loss", "test/acc_mean_clients", "test/acc_global")
+LIVE_KEYS = ("train/loss", "test/acc_mean_clients", "test/acc_global_micro")
 TIME_KEY = "time/round_s"  # the round's wall time, logged by the loop
 
 
