@@ -5,7 +5,7 @@ Table 9 (CIFAR-100, Dir(beta) for beta = 0.3, 0.1, 0.05): KL(P^m || Q) is 0.83, 
 This runs FedACD over method.missing_delta x method.p_source (the P behind L2 from the mixed training passes or
 from clean ones) and FedAvg on the synthetic twins of those settings, and prints, from the last adaptability
 round: test/kl_PQ, server/V_mean, test/absent_mass (the local P rows' mass on classes the client lacks) and
-test/global_acc, then which readings reproduce Table 9's two orderings.
+test/acc_global_balanced, then which readings reproduce Table 9's two orderings.
 
     python bench/fedacd_missing_delta.py [--out DIR] [--deltas 1e-3,1e-2,0.1,1] [key=value ...]
 """
@@ -19,7 +19,7 @@ from fl.run.train import main as train
 
 SETTINGS = {"dir03": "fedacd_cifar100_dir03_synthetic", "dir01": "fedacd_cifar100_dir01_synthetic",
             "dir005": "fedacd_cifar100_dir005_synthetic"}  # beta = 0.3, 0.1, 0.05 (Table 9's columns)
-KEYS = ("test/kl_PQ", "server/V_mean", "test/absent_mass", "test/global_acc")
+KEYS = ("test/kl_PQ", "server/V_mean", "test/absent_mass", "test/acc_global_balanced")
 
 
 def last_adaptability_row(run_dir: Path) -> dict:

@@ -230,8 +230,8 @@ def test_client_message_is_the_received_models_per_class_gradient(out, monkeypat
 
 
 def test_evaluation_scores_the_retrained_classifier(out):
-    """test/acc_global and each client's accuracy are those of the FedAvg backbone with the re-trained classifier (the
-    metrics are float32 counts: 1e-7)."""
+    """test/acc_global_micro and each client's accuracy are those of the FedAvg backbone with the re-trained classifier
+    (the metrics are float32 counts: 1e-7)."""
     run = run_tiny(out, *CHEAP, "trainer.rounds=1", "trainer.local_steps=3", name="eval")
     cfg = load_config(tiny(out, *CHEAP))
     data = build_data(cfg)
@@ -245,7 +245,7 @@ def test_evaluation_scores_the_retrained_classifier(out):
             return float((model(data.prepare(split.x)).argmax(1) == split.y).double().mean())
 
     row = read_metrics(run)[0]
-    assert row["test/acc_global"] == pytest.approx(accuracy(data.pooled_test()), abs=1e-7)
+    assert row["test/acc_global_micro"] == pytest.approx(accuracy(data.pooled_test()), abs=1e-7)
     for cid in range(data.num_clients):
         assert row[f"client/{cid}/acc"] == pytest.approx(accuracy(data.clients[cid].test), abs=1e-7)
 

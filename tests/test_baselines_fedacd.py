@@ -84,7 +84,7 @@ def test_fednova_with_equal_local_steps_is_fedavg(out, momentum):
     ra, rn = read_metrics(avg), read_metrics(nova)
     for a, n in zip(ra, rn):
         assert n["train/loss"] == pytest.approx(a["train/loss"], abs=1e-6)
-        assert n["test/acc_global"] == pytest.approx(a["test/acc_global"], abs=1e-6)
+        assert n["test/acc_global_micro"] == pytest.approx(a["test/acc_global_micro"], abs=1e-6)
         assert n["server/tau_min"] == n["server/tau_max"] == 3
         assert n["server/tau_eff"] == pytest.approx(normaliser(3, momentum))
     assert_no_state_beyond_fedavg(nova)
@@ -158,7 +158,7 @@ def test_fedlc_with_a_uniform_local_label_mix_is_fedavg(out):
     for a, b in zip(read_metrics(avg), read_metrics(lc)):
         assert b["train/loss"] == pytest.approx(a["train/loss"], abs=1e-5)
         assert b["train/ce"] == pytest.approx(a["train/loss"], abs=1e-5)
-        assert b["test/acc_global"] == pytest.approx(a["test/acc_global"], abs=1e-6)
+        assert b["test/acc_global_micro"] == pytest.approx(a["test/acc_global_micro"], abs=1e-6)
     assert_no_state_beyond_fedavg(lc)
 
 

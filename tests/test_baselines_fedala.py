@@ -137,7 +137,7 @@ def test_fedala_with_weights_fixed_at_one_is_fedavg(out, monkeypatch):
     assert len(ra) == len(rb) == 3
     for a, b in zip(ra, rb):
         same = {k: v for k, v in a.items() if k not in CLIENT_SCORES and not k.endswith("/acc")}
-        assert "train/loss" in same and "test/acc_global" in same and "test/adaptability" in same
+        assert "train/loss" in same and "test/acc_global_micro" in same and "test/adaptability" in same
         assert {k: b[k] for k in same} == same
     last = {cid: params for _, cid, params, _ in seen}  # each client's last FedAvg upload
     clients = load_ckpt(ala)["clients"]
@@ -215,7 +215,7 @@ def test_each_round_starts_from_ala_of_the_old_local_and_the_global_model(out, m
         with torch.no_grad():
             pred = model(data.prepare(client.test.x)).argmax(1)
         assert row[f"client/{cid}/acc"] == pytest.approx(float((pred == client.test.y).double().mean()), abs=1e-12)
-    assert "test/system_acc" in row and "test/acc_global" in row
+    assert "test/system_acc" in row and "test/acc_global_micro" in row
 
 
 def test_start_phase_stops_where_the_authors_loop_stops(out, monkeypatch):

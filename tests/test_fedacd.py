@@ -257,8 +257,8 @@ def test_fedacd_logs_scores_losses_and_diagnostics_that_agree(out):
         assert r["train/loss"] == pytest.approx(r["train/l1"] + r["train/l2"], rel=1e-6)
         Vs = [v for k, v in r.items() if k.endswith("/V") and k.startswith("client/")]
         assert len(Vs) == 3 and all(0.5 < v < 1 for v in Vs)
-        # the uniform official test split: global_acc (class mean) is the pooled micro accuracy
-        assert r["test/global_acc"] == pytest.approx(r["test/acc_global"], abs=1e-6)
+        # the uniform official test split: acc_global_balanced (class mean) is the pooled micro accuracy
+        assert r["test/acc_global_balanced"] == pytest.approx(r["test/acc_global_micro"], abs=1e-6)
     # adaptability rounds: (rnd + 1) % 2 == 0 and the last; the evaluator's KL (its own clean pass) equals
     # the KL behind the clients' V
     assert [("test/adaptability" in r) for r in rows] == [False, True, True]
@@ -282,9 +282,9 @@ def test_every_method_reports_the_diagnostics(out, method):
     assert 0 <= r["test/adaptability"] <= 1 and r["test/kl_PQ"] > 0
     assert len([k for k in r if k.endswith("/kl_PQ") and k.startswith("client/")]) == 3
     if method == "local":  # no global model: no global accuracy
-        assert "test/global_acc" not in r and "test/global_acc_client_dist" not in r
+        assert "test/acc_global_balanced" not in r and "test/acc_global_client_dist" not in r
     else:
-        assert 0 <= r["test/global_acc"] <= 1 and 0 <= r["test/global_acc_client_dist"] <= 1
+        assert 0 <= r["test/acc_global_balanced"] <= 1 and 0 <= r["test/acc_global_client_dist"] <= 1
 
 
 @pytest.mark.slow
@@ -292,7 +292,7 @@ def test_one_and_two_processes_agree(out):
     one, two = one_and_two_processes(out, "method.name=fedacd", "trainer.rounds=2", "evaluators.adaptability.every=1",
                                      "data.num_clients=7", "model.norm=batch")
     a, b = read_metrics(one), read_metrics(two)
-    assert all("test/adaptability" in r and "test/global_acc" in r for r in a)
+    assert all("test/adaptability" in r and "test/acc_global_balanced" in r for r in a)
     assert_same_rows(a, b, abs=1e-6)
 
 
@@ -315,7 +315,7 @@ def test_tinyimagenet_config_runs_on_fabricated_files(out):
             "trainer.participation=1.0", "trainer.batch_size=4"]
     assert main(args) == 0
     r = read_metrics(out / "outputs" / "tiny")[-1]
-    assert {"test/global_acc", "test/adaptability", "server/V_mean", "client/0/kl_PQ"} <= r.keys()
+    assert {"test/acc_global_balanced", "test/adaptability", "server/V_mean", "client/0/kl_PQ"} <= r.keys()
 
 
 @pytest.mark.parametrize("p_update", ["batch", "prev_epoch"])

@@ -196,7 +196,7 @@ def test_schedule_pseudo_labels_and_metrics(out, monkeypatch):
     assert rows[1]["comm/bytes_up"] == 6 * 40 * (1 + 4)  # uint8 labels + float32 scores, no parameters
     assert rows[0]["comm/bytes_down"] == 0 and rows[1]["comm/bytes_down"] == 6 * 40  # uint8 pseudo-labels
     assert rows[2]["pseudo/changed_frac"] == pytest.approx((sent[2] != sent[1]).double().mean().item())
-    assert "test/acc_global" not in rows[2]  # no global model
+    assert "test/acc_global_micro" not in rows[2]  # no global model
 
 
 def test_public_labels_never_reach_a_client(out, monkeypatch):

@@ -43,7 +43,8 @@ def test_fine_tuning_rounds_leave_the_global_model_and_train_each_client_from_it
     g = global_params(fl_only)
     assert all(torch.equal(g[k], v) for k, v in global_params(ft).items())
     last = read_metrics(ft)[-1]
-    assert last["comm/bytes_up"] == 0.0 and last["test/acc_global"] == read_metrics(fl_only)[-1]["test/acc_global"]
+    assert last["comm/bytes_up"] == 0.0
+    assert last["test/acc_global_micro"] == read_metrics(fl_only)[-1]["test/acc_global_micro"]
 
     cfg = load_config(tiny(tmp_path, *FT, "trainer.rounds=3", "finetune.after_round=2", "finetune.lr=0.2"))
     data = build_data(cfg)
@@ -75,8 +76,8 @@ def test_fedavg_ft_learns_at_finetune_lr_not_at_the_cosine_schedules_last_rate(t
             "trainer.eval_every=40", "trainer.local_steps=1", "trainer.checkpoint_every=0"]
     at_schedule = read_metrics(run_tiny(tmp_path, *base, name="sched"))[-1]
     own = read_metrics(run_tiny(tmp_path, *base, "finetune.lr=0.05", name="own"))[-1]
-    assert abs(at_schedule["test/acc_mean_clients"] - at_schedule["test/acc_global"]) < 0.01
-    assert own["test/acc_global"] == at_schedule["test/acc_global"]  # the same FedAvg run underneath
+    assert abs(at_schedule["test/acc_mean_clients"] - at_schedule["test/acc_global_micro"]) < 0.01
+    assert own["test/acc_global_micro"] == at_schedule["test/acc_global_micro"]  # the same FedAvg run underneath
     assert own["test/acc_mean_clients"] != at_schedule["test/acc_mean_clients"]
 
 

@@ -86,7 +86,7 @@ def test_fedavg_ft_without_finetuning_equals_fedavg_and_finetuning_changes_eval(
     b = read_metrics(run(out, "method.name=fedavg_ft", "method.finetune_epochs=0", name="ft0"))
     c = read_metrics(run(out, "method.name=fedavg_ft", "method.finetune_epochs=2", name="ft2"))
     assert [r["test/acc_mean_clients"] for r in a] == [r["test/acc_mean_clients"] for r in b]
-    assert [r["test/acc_global"] for r in a] == [r["test/acc_global"] for r in c]  # global model untouched
+    assert [r["test/acc_global_micro"] for r in a] == [r["test/acc_global_micro"] for r in c]  # global model untouched
     assert [r["test/acc_mean_clients"] for r in a] != [r["test/acc_mean_clients"] for r in c]
 
 
@@ -104,10 +104,10 @@ def test_local_never_communicates_and_centralized_trains_on_pooled_data(out):
     states = ckpt["clients"]
     a, b = (states[c]["private"]["model.head.weight"] for c in list(states)[:2])
     assert not torch.equal(a, b)  # each client has its own model
-    assert "test/acc_global" not in read_metrics(loc)[-1]
+    assert "test/acc_global_micro" not in read_metrics(loc)[-1]
     assert all(r["comm/bytes_up"] == r["comm/bytes_down"] == 0 for r in read_metrics(loc))
     cen = read_metrics(run(out, "method.name=centralized", name="cen"))
-    assert all(r["train/clients"] == 1.0 for r in cen) and "test/acc_global" in cen[-1]
+    assert all(r["train/clients"] == 1.0 for r in cen) and "test/acc_global_micro" in cen[-1]
 
 
 # ---- self.log in training_step -------------------------------------------------------------------

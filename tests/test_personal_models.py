@@ -49,7 +49,8 @@ def test_apfl_with_alpha_fixed_at_zero_equals_fedavg_and_adaptive_alpha_moves(ou
     apf = run(out, "method.name=apfl", "method.alpha=0", "method.adaptive=false", "optim.momentum=0.9", name="apfl0")
     ga, gb = ckpt(avg)["server"]["global_params"], ckpt(apf)["server"]["global_params"]
     assert ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga)
-    keys = ["test/acc_mean_clients", "test/acc_weighted", "test/acc_global"] + [f"client/{i}/acc" for i in range(6)]
+    keys = ["test/acc_mean_clients", "test/acc_weighted", "test/acc_global_micro"]
+    keys += [f"client/{i}/acc" for i in range(6)]
     a, b = read_metrics(avg), read_metrics(apf)
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
     states = ckpt(run(out, "method.name=apfl", "method.alpha=0.5", "method.alpha_lr=0.5", name="apfl"))["clients"]
@@ -168,7 +169,7 @@ def test_perfedavg_evaluates_each_client_after_one_adaptation_step(out):
     assert changed > 0  # the adaptation step matters
     # without adaptation the clients score the global model, as FedAvg's clients do
     none = read_metrics(run(out, *extra, "method.adapt_steps=0", name="pfa0"))
-    assert none[-1]["test/acc_global"] == rows[-1]["test/acc_global"]
+    assert none[-1]["test/acc_global_micro"] == rows[-1]["test/acc_global_micro"]
 
 
 def test_perfedavg_hessian_free_estimate_matches_the_hessian_vector_product():

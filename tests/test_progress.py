@@ -9,7 +9,10 @@ import re
 import pytest
 import yaml
 
-from fl.run.progress import RoundProgress
+from fl.core.evaluation import summarize_clients
+from fl.report.aliases import RENAMED
+from fl.report.summary import summarize_history
+from fl.run.progress import STANDARD_KEYS, RoundProgress, format_summary
 from fl.sweep.runner import Job, train_argv
 from fl.sweep.spec import parse_sweep
 from tests.helpers import TINY, read_metrics, run_cli, run_tiny, tiny
@@ -38,8 +41,8 @@ def rows_for(rounds: int, eval_rounds: set[int]) -> list[dict]:
     for r in range(rounds):
         row = {"train/loss": 1.0 / (r + 1), "time/round_s": 0.5 + r, "client/0/loss": 0.3}
         if r in eval_rounds:
-            row.update({"test/acc_mean_clients": 0.1 * r, "test/acc_global": 0.05 * r, "test/target_acc": 0.2 + r / 100,
-                        "client/0/acc": 0.1})
+            row.update({"test/acc_mean_clients": 0.1 * r, "test/acc_global_micro": 0.05 * r,
+                        "test/target_acc": 0.2 + r / 100, "client/0/acc": 0.1})
         out.append(row)
     return out
 
@@ -53,7 +56,7 @@ def test_the_progress_line_leads_with_the_methods_headline_metric():
     (line,) = stream.getvalue().splitlines()
     text = LINE.match(line).group(3)
     assert text.startswith("target_acc=0.2100 ")  # the headline first, then the usual keys
-    assert "acc_mean_clients=0.1000" in text and "acc_global=0.0500" in text and "loss=0.5000" in text
+    assert "acc_mean_clients=0.1000" in text and "acc_global_micro=0.0500" in text and "loss=0.5000" in text
     # no headline given (or a method without one): the mean client accuracy leads
     stream = FileLike()
     progress = RoundProgress(2, 0, stream=stream)
@@ -124,6 +127,49 @@ def test_console_rounds_are_the_files_rounds(progress_run):
         assert int(fields[3]) == summary["best_round"][key]
 
 
+def printed_order(text: str) -> list[str]:
+    """The summary's metric rows, its "diagnostics" heading and its per-round line, in printed order."""
+    return [line.split()[0] if line.startswith(("test/", "train/")) else line.split(" (")[0]
+            for line in text.splitlines() if line.startswith(("test/", "train/", "diagnostics", "per round"))]
+
+
+def test_the_summary_leads_with_the_headline_and_the_standard_accuracies_then_the_diagnostics():
+    row = {"test/acc_global_client_dist": 0.7, "test/adaptability": 0.3, "test/acc_mean_clients": 0.8,
+           "test/kl_PQ": 1.5, "test/acc_global_balanced": 0.6, "test/acc_global_micro": 0.9, "test/acc_micro": 0.85,
+           "train/loss": 0.2, "comm/bytes_up": 3 * 2**20, "comm/bytes_down": 2**20, "time/round_s": 1.5}
+    summary = summarize_history([{"round": 0, **row}], last_k=5)
+    summary["headline"] = "test/acc_global_balanced"  # FedACD's
+    text = format_summary(summary)
+    assert printed_order(text) == [
+        "test/acc_global_balanced", "test/acc_mean_clients", "test/acc_global_micro", "test/acc_micro", "train/loss",
+        "diagnostics", "test/acc_global_client_dist", "test/adaptability", "test/kl_PQ", "per round"]
+    assert "per round (mean of the last 5 rounds): time 1.50 s, comm 3.00 MiB up, 1.00 MiB down" in text
+    summary["headline"] = None  # a baseline: the mean client accuracy leads, FedACD's accuracy is a diagnostic
+    assert printed_order(format_summary(summary)) == [
+        "test/acc_mean_clients", "test/acc_global_micro", "test/acc_micro", "train/loss", "diagnostics",
+        "test/acc_global_client_dist", "test/adaptability", "test/kl_PQ", "test/acc_global_balanced", "per round"]
+
+
+def test_every_accuracy_of_the_client_evaluation_is_a_standard_one():
+    import torch
+
+    keys = summarize_clients(torch.tensor([3.0, 4.0]), torch.tensor([5.0, 5.0]), [10, 20]).keys()
+    extra = {"test/acc_original_clients", "test/acc_new_clients", "test/acc_global_micro"}  # evaluate_clients'
+    assert set(STANDARD_KEYS) >= {*keys, *extra}
+
+
+def test_a_runs_summary_uses_the_new_names_and_prints_the_diagnostics_below(progress_run):
+    run_dir, stdout, _ = progress_run
+    final = json.loads((run_dir / "summary.json").read_text())["final"]
+    assert {"test/acc_global_micro", "test/acc_global_balanced", "test/acc_global_client_dist"} <= final.keys()
+    assert not final.keys() & RENAMED.keys()
+    order = printed_order(stdout)
+    split = order.index("diagnostics")
+    assert order[0] == "test/acc_mean_clients" and "test/acc_global_micro" in order[:split]
+    assert {"test/acc_global_balanced", "test/acc_global_client_dist", "test/adaptability"} <= set(order[split:])
+    assert order[-1] == "per round"
+
+
 def test_a_sweep_leaves_its_runs_progress_on(tmp_path):
     sweep = parse_sweep({"program": "fl.train", "command": ["python", "-m", "fl.train", "${args_no_hyphens}"],
                          "method": "grid", "parameters": {"optim.lr": {"values": [0.1]}}})
@@ -159,6 +205,7 @@ def test_a_runs_progress_leads_with_its_methods_headline(out, capsys):
     import torch
 
     torch.set_num_threads(1)
-    run_tiny(out, "method.name=fedacd", "trainer.rounds=2", "logger.progress=true", name="acd")  # headline global_acc
+    # FedACD's headline: the global model's balanced accuracy
+    run_tiny(out, "method.name=fedacd", "trainer.rounds=2", "logger.progress=true", name="acd")
     lines = [m.group(3) for m in map(LINE.match, capsys.readouterr().err.splitlines()) if m]
-    assert lines and all(text.startswith("global_acc=") for text in lines)
+    assert lines and all(text.startswith("acc_global_balanced=") for text in lines)

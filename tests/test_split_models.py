@@ -93,7 +93,7 @@ def test_fedbabu_without_finetuning_scores_the_global_model_on_each_client(out):
     tuned = read_metrics(run(out, "method.name=fedbabu", "method.finetune_epochs=1", "trainer.participation=1.0",
                              "trainer.rounds=2", name="babu1"))
     # no fine-tuning: every client is scored with the same (global) model, so the pooled accuracy is the micro mean
-    assert rows[-1]["test/acc_micro"] == pytest.approx(rows[-1]["test/acc_global"], abs=1e-6)
+    assert rows[-1]["test/acc_micro"] == pytest.approx(rows[-1]["test/acc_global_micro"], abs=1e-6)
     assert rows[-1]["train/loss"] == tuned[-1]["train/loss"]  # fine-tuning never feeds back into training
     assert rows[-1]["test/acc_mean_clients"] != tuned[-1]["test/acc_mean_clients"]
 
@@ -175,7 +175,7 @@ def test_fedrod_shares_the_generic_model_and_keeps_the_personal_head(out):
     for s in state["clients"].values():
         assert set(s["private"]) == {"phead.weight", "phead.bias"}
     rows = read_metrics(Path(out / "outputs" / "rod"))
-    assert "test/acc_global" in rows[-1]  # the generic model is a global model
+    assert "test/acc_global_micro" in rows[-1]  # the generic model is a global model
 
 
 # ---- FedPAC ---------------------------------------------------------------------------------------

@@ -271,7 +271,7 @@ def test_per_client_key_mapping_and_the_report_reads_it_back():
     assert wandb_key("client/12/beta_eval") == "client_beta_eval/12"
     for key in ("test/acc_mean_clients", "clients/metrics", "train/loss", "server/lambda", "best/test/acc"):
         assert wandb_key(key) == key
-    for key in ("client/3/acc", "client/0/kl_PQ", "client/7/a/b", "test/acc_global"):
+    for key in ("client/3/acc", "client/0/kl_PQ", "client/7/a/b", "test/acc_global_micro"):
         assert jsonl_key(wandb_key(key)) == key
 
     class Run:

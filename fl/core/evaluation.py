@@ -96,5 +96,5 @@ def evaluate_clients(ctx: EvalContext) -> dict[str, float]:
         pooled = MulticlassAccuracy(data.num_classes, average="micro").to(fabric.device)
         for logits, y in m.eval_pass(data.pooled_test(), start=fabric.global_rank, stride=fabric.world_size):
             pooled.update(logits.argmax(1), y)
-        metrics["test/acc_global"] = float(pooled.compute())
+        metrics["test/acc_global_micro"] = float(pooled.compute())
     return metrics

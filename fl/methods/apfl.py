@@ -16,7 +16,7 @@ How it maps onto this framework:
   `method.alpha_lr` (null = the round's learning rate eta_t, as in the paper). `method.adaptive=false`
   keeps alpha_i fixed at `method.alpha`.
 - Evaluation scores each client's mixed model vbar_i, built from the latest global model w and v_i
-  (as after a synchronisation); `test/acc_global` scores w.
+  (as after a synchronisation); `test/acc_global_micro` scores w.
 - alpha = 0 (fixed) is FedAvg exactly; alpha = 1 (fixed) trains v_i as Local does.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ How it maps onto this framework:
   F_k(w) and one on h_k(v). The number of personal steps s is therefore the round's local steps
   (`trainer.local_steps`, or the batches of `trainer.local_epochs` passes), as in pFedFDA's setting
   (E personalisation epochs = E local epochs).
-- Evaluation uses each client's personal model v_k; `test/acc_global` scores the global model w.
+- Evaluation uses each client's personal model v_k; `test/acc_global_micro` scores the global model w.
 - lam = 0 makes v_k plain local training (Local); lam -> infinity pins v_k to the global model.
 """
 from __future__ import annotations

@@ -32,8 +32,8 @@ How it maps onto this framework:
   loss of its last mini-batch; W has converged once more than `num_pre_loss` passes are recorded and the population
   std of the last `num_pre_loss` is below `threshold` (0.1, the default their client runs with; their README cites
   0.01). At most `max_start_passes` passes (a cap the paper does not have; the authors warn a small threshold can hang).
-- Evaluation scores each client's local model after its local training (`self.local`); `test/acc_global` scores the
-  global model. A client that has not trained yet is scored with Theta^0.
+- Evaluation scores each client's local model after its local training (`self.local`); `test/acc_global_micro` scores
+  the global model. A client that has not trained yet is scored with Theta^0.
 - eta = 0 keeps W_i = 1: the lower layers and the p layers are the global model's, so the run is FedAvg's exactly.
 - Logged per client: `ala_passes` (W passes this round, 0 when ALA is skipped) and `w_mean` (mean of W_i^p).
 - Under mixed precision the W passes are a float32 island: W's gradient steps W directly, not through 16-mixed's

@@ -9,7 +9,7 @@ stays at its random initialisation, and each client fine-tunes before evaluation
                          (`method.finetune_part=full`), pFedFDA and FedDRM's code the head only (`head`)
 
 The head is part of the broadcast (never of the upload), so the fine-tuned copy of a client is dropped when the
-next client is loaded. `test/acc_global` is the global body with the initial head, before any fine-tuning.
+next client is loaded. `test/acc_global_micro` is the global body with the initial head, before any fine-tuning.
 Fine-tuning uses the training optimizer (`optim.*`) at this round's learning rate, with its own seeded batch
 order (purpose "finetune").
 """

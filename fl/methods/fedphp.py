@@ -13,7 +13,7 @@ choice) or distillation of the HPM's softened predictions (`reg=kd`, temperature
 
 with n_k the number of rounds client k took part in before this one (so the first visit copies w_k), Q the
 participation rate and T the number of rounds: the HPM inherits more as the client ages. The server
-averages the w_k (FedAvg). Evaluation scores each client's HPM; `test/acc_global` scores w.
+averages the w_k (FedAvg). Evaluation scores each client's HPM; `test/acc_global_micro` scores w.
 
 How it maps onto this framework: the HPM is `self.hpm`, private (the state store keeps it per client,
 with n_k as `client_state()["visits"]`); it starts as the initial global model w^0 and acts as the

@@ -12,7 +12,7 @@ Client i with training label counts n_{i,c} and features z = f(x):
 The extractor and the G-head learn from L_BSM only, the P-head from L_P only; one optimizer over both
 losses takes exactly the two separate updates (SGD/Adam act per parameter). The extractor and the G-head
 are averaged as in FedAvg (weights n_i); the P-head is private. The generic model (extractor + G-head) is the
-global model (`test/acc_global`); each client is evaluated with its personal logits g + P(z).
+global model (`test/acc_global_micro`); each client is evaluated with its personal logits g + P(z).
 The P-head is a linear layer on the feature dimension, drawn once at the seeded initialisation, so every
 client's P-head starts from the same values.
 """

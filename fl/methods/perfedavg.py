@@ -12,7 +12,7 @@ Each local step of client i, with three independent batches D, D', D'':
 
 Evaluation: each client adapts the global model with `adapt_steps` (1 in the paper) plain gradient steps of
 size alpha on batches of its own training data, then predicts; the adapted copy is never kept.
-`test/acc_global` scores the unadapted global model.
+`test/acc_global_micro` scores the unadapted global model.
 
 How it maps onto this framework:
 - beta is the round's learning rate (`optim.lr`, its round schedule) and the outer step goes through the

@@ -12,7 +12,7 @@ How it maps onto this framework:
 - w_i is `self.model` (shared); theta_i is `self.personal`, private and kept per client in the state store.
   theta_i starts each round from w^t and is warm-started across the round's inner problems, as in the
   authors' code; the one stored is the last inner solution, and it is what evaluation scores
-  (`test/acc_global` scores w).
+  (`test/acc_global_micro` scores w).
 - The inner problem is plain gradient descent (`solve_inner`); the outer step sets w_i.grad =
   lam (w_i - theta_i) and steps the configured optimizer with the round's learning rate eta, so
   `optim.momentum=0 optim.weight_decay=0` gives the paper's exact update.

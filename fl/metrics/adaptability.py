@@ -2,12 +2,12 @@
 
 pi_bar = (1/M) sum_n pi^n, the unweighted mean of the M clients' training label proportions.
 
-- test/global_acc: the global model's accuracy on a uniform test set = the mean over classes of its
+- test/acc_global_balanced: the global model's accuracy on a uniform test set = the mean over classes of its
   per-class accuracy on the pooled test set (Table 1). When the pooled test set is class-balanced (the
   official test split of CIFAR / Tiny-ImageNet and the embedded twins' stratified held-out split, i.e.
-  every `*_20c` FedACD data block) this equals test/acc_global; on an unbalanced pooled test set it is
-  the balanced accuracy, test/acc_global the micro accuracy.
-- test/global_acc_client_dist: sum_i pi_bar_i acc_i (Table 2) = 1 - R(global model) of Eq. 2, the mean
+  every `*_20c` FedACD data block) this equals test/acc_global_micro; on an unbalanced pooled test set it is
+  the balanced accuracy, test/acc_global_micro the micro accuracy.
+- test/acc_global_client_dist: sum_i pi_bar_i acc_i (Table 2) = 1 - R(global model) of Eq. 2, the mean
   over clients of the accuracy on a test set drawn from each client's label distribution.
 - test/adaptability: R(local model m) = sum_i pi_bar_i eps_i^m (Eq. 3), eps the per-class error on the
   pooled test set, averaged over the local models trained in the round (Table 3; lower is better).
@@ -178,7 +178,7 @@ class Adaptability(Evaluator):
 
 @register_evaluator
 class GlobalAccuracy(Evaluator):
-    """test/global_acc (uniform test set) and test/global_acc_client_dist of the global model."""
+    """test/acc_global_balanced (uniform test set) and test/acc_global_client_dist of the global model."""
 
     name = "global_acc"
     on_validation = True
@@ -192,5 +192,5 @@ class GlobalAccuracy(Evaluator):
         has = total > 0
         acc = correct / total.clamp_min(1)
         pi_bar = mean_label_distribution(ctx.data.label_counts("train"))
-        return {"test/global_acc": float(acc[has].mean()),
-                "test/global_acc_client_dist": float(client_dist_accuracy(acc, pi_bar, has))}
+        return {"test/acc_global_balanced": float(acc[has].mean()),
+                "test/acc_global_client_dist": float(client_dist_accuracy(acc, pi_bar, has))}

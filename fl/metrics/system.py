@@ -14,7 +14,7 @@ client's shift).
   routing rule's own choice (FedDRM's density-ratio correction), the routing that system_acc uses.
 
 Methods whose clients all use one global model (no private parameters, no `personalize`, no router) are
-skipped: their system accuracy is `test/acc_global`. The router runs on the server's model (cid -1).
+skipped: their system accuracy is `test/acc_global_micro`. The router runs on the server's model (cid -1).
 
 Processes split the work (batches for routing, clients for prediction) and merge counts with a sum
 all-reduce; batches are the same slices on any number of processes, so 1 and 2 processes agree.

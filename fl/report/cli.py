@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from fl.report.aliases import current_name
 from fl.report.groups import group_runs, setting_base
 from fl.report.html import html_page
 from fl.report.plots import all_figures
@@ -122,7 +123,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         runs, sweeps, notes = load_inputs(args.paths, args.wandb, filters)
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
-        metrics = args.metrics.split(",") if args.metrics else None
+        metrics = [current_name(m) for m in args.metrics.split(",")] if args.metrics else None  # old names too
         paths = write_report(runs, out, metrics, plots=not args.no_plots, title=args.title, notes=notes,
                              extra_metrics=[s["metric"] for s in sweeps if s.get("metric")], sweeps=sweeps)
     except ReportError as err:

@@ -12,6 +12,8 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from fl.report.aliases import current_name, current_names, current_summary
+
 
 class ReportError(ValueError):
     """Bad input to the report; the message is one line. `notes`: what was skipped on the way (one line each)."""
@@ -121,7 +123,7 @@ def read_summary(path: Path) -> dict:
     for key in ("best_round", "at_best", "at_best_val"):
         if not isinstance(summary.get(key, {}), dict):
             raise BadRun(f"{path.name}'s {key!r} is {_kind(summary[key])}, expected an object")
-    return summary
+    return current_summary(summary)  # an older run's metric names read as today's (fl/report/aliases.py)
 
 
 def read_history(path: Path, notes: list[str]) -> list[dict]:
@@ -146,7 +148,7 @@ def read_history(path: Path, notes: list[str]) -> list[dict]:
             raise BadRun(f"{path.name} line {i} is not JSON (of {len(numbered)} lines)") from None
         if not isinstance(row, dict) or not isinstance(row.get("round"), int) or isinstance(row["round"], bool):
             raise BadRun(f"{path.name} line {i} is not a row with an integer 'round'")
-        rows.append(row)
+        rows.append(current_names(row))
     return rows
 
 
@@ -247,6 +249,8 @@ def load_sweeps(paths: list) -> tuple[list[dict], list[str]]:
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
                 raise BadRun(f"not readable JSON ({_first_line(err)})") from None
             check_sweep(manifest)
+            if manifest.get("metric"):  # a sweep of an older run names its metric as that run did
+                manifest["metric"] = current_name(manifest["metric"])
             manifests.append(manifest)
         except BadRun as err:
             notes.append(f"skipped {path}: {err}; no plot against the swept value")

@@ -11,6 +11,7 @@ import struct
 from pathlib import Path
 from typing import Any, Optional
 
+from fl.report.aliases import current_name, current_names
 from fl.report.runs import ReportError, Run, flatten
 from fl.report.summary import summarize_history
 
@@ -99,6 +100,10 @@ def local_last_round(wandb_dir: Path, run_id: str) -> int:
     return last
 
 
+def _headline(name: Any) -> Any:
+    return current_name(name) if isinstance(name, str) else name
+
+
 def load_wandb(project: str, filters: Optional[dict] = None, api: Any = None) -> list[Run]:
     """Finished runs of a W&B project (entity/project) through wandb.Api; per round, the history rows
     logged at the same round are merged into one metrics.jsonl-like row (W&B's client_<name>/<i> read back as
@@ -126,12 +131,13 @@ def load_wandb(project: str, filters: Optional[dict] = None, api: Any = None) ->
                 if step is None:
                     continue
                 merged = rows.setdefault(int(step), {"round": int(step)})
-                merged.update({jsonl_key(k): v for k, v in row.items() if not k.startswith(("_", "trainer/"))
-                               and k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool)})
+                merged.update(current_names({jsonl_key(k): v for k, v in row.items()
+                                             if not k.startswith(("_", "trainer/")) and k != "round"
+                                             and isinstance(v, (int, float)) and not isinstance(v, bool)}))
             history = [rows[k] for k in sorted(rows)]
             remote_summary = dict(r.summary)
             summary = {**summarize_history(history, int(config.get("trainer.last_k", 5))),
-                       "headline": remote_summary.get("headline")}
+                       "headline": _headline(remote_summary.get("headline"))}
             diverged = remote_summary.get("diverged")  # a nested W&B summary value is a mapping, not a dict
             if diverged is not None:
                 summary["diverged"] = dict(diverged) if hasattr(diverged, "keys") else diverged

@@ -11,8 +11,14 @@ from tqdm import tqdm
 
 from fl.report.tables import DEFAULT_METRIC
 
-LIVE_KEYS = ("train/loss", "test/acc_mean_clients", "test/acc_global")
+LIVE_KEYS = ("test/acc_mean_clients", "test/acc_global_micro", "train/loss")
 TIME_KEY = "time/round_s"  # the round's wall time, logged by the loop
+COMM_KEYS = ("comm/bytes_up", "comm/bytes_down")  # summed over the round's clients
+# The accuracies every method's evaluation reports (fl/core/evaluation.py) and a target client's: the summary shows
+# them after the headline; every other test/ metric (evaluators', the method's own) is a diagnostic, shown below.
+STANDARD_KEYS = ("test/acc_mean_clients", "test/acc_weighted", "test/acc_weighted_train", "test/acc_micro",
+                 "test/acc_std_clients", "test/acc_worst10", "test/acc_original_clients", "test/acc_new_clients",
+                 "test/acc_global_micro", "test/target_acc", "test/target_f1")
 
 
 def round_label(rnd: int, rounds: int) -> str:
@@ -24,7 +30,7 @@ def round_label(rnd: int, rounds: int) -> str:
 class RoundProgress:
     """A tqdm bar on a terminal; on a file (a sweep's run log, CI) one plain line per evaluated round and the
     last, flushed, so `tail -f` follows it. Both show the method's headline metric first (`headline`, default
-    the mean client accuracy), the training loss, the mean client and global accuracies and the round's time."""
+    the mean client accuracy), then the mean client and global accuracies, the training loss and the round's time."""
 
     def __init__(self, rounds: int, start: int, headline: Optional[str] = None, stream: Optional[TextIO] = None):
         self.stream = stream if stream is not None else sys.stderr
@@ -51,21 +57,33 @@ class RoundProgress:
             self.bar.close()
 
 
-def format_summary(summary: dict, keys: list[str] | None = None) -> str:
-    """metric | final | best (round, 0-based as in the files) | mean of last K, for the headline test metrics."""
-    last_key = f"mean_last_{summary['last_k']}"
-    keys = keys or [k for k in summary["final"] if k.startswith("test/")] + ["train/loss"]
-    keys = [k for k in keys if k in summary["final"]]
-    width = max([len(k) for k in keys] + [6])
+def format_summary(summary: dict) -> str:
+    """metric | final | best (round, 0-based as in the files) | mean of last K: first the method's headline metric
+    (summary["headline"], else the mean client accuracy), the standard accuracies and the training loss; then,
+    under "diagnostics", the other test metrics and the round's time and communication."""
+    final, last_key = summary["final"], f"mean_last_{summary['last_k']}"
+    first = summary.get("headline") or DEFAULT_METRIC
+    tested = [k for k in final if k.startswith("test/")]
+    main = [k for k in dict.fromkeys([first, *(k for k in tested if k in STANDARD_KEYS), "train/loss"]) if k in final]
+    diagnostics = [k for k in tested if k not in main]
+    width = max([len(k) for k in main + diagnostics] + [6])
     head = f"{'metric':<{width}}  {'final':>8}  {'best':>8}  {'@round':>6}  {'last ' + str(summary['last_k']):>8}"
-    lines = [head, "-" * len(head)]
-    for k in keys:
-        lines.append(f"{k:<{width}}  {summary['final'][k]:>8.4f}  {summary['best'][k]:>8.4f}  "
-                     f"{summary['best_round'][k]:>6}  {summary[last_key][k]:>8.4f}")
+
+    def row(k: str) -> str:
+        return (f"{k:<{width}}  {final[k]:>8.4f}  {summary['best'][k]:>8.4f}  {summary['best_round'][k]:>6}  "
+                f"{summary[last_key][k]:>8.4f}")
+
+    lines = [head, "-" * len(head), *map(row, main)]
     if "at_best_val" in summary:  # model selection on the target validation set
         sel = summary["at_best_val"]
         picked = " ".join(f"{k}={v:.4f}" for k, v in sel.items() if k.startswith("test/target"))
         lines.append(f"selected by val/target_acc (round {sel['round']}): {picked}")
-    if TIME_KEY in summary.get(last_key, {}):
-        lines.append(f"round time: {summary[last_key][TIME_KEY]:.2f} s (mean of the last {summary['last_k']} rounds)")
+    recent = summary.get(last_key, {})
+    per_round = [f"time {recent[TIME_KEY]:.2f} s"] if TIME_KEY in recent else []
+    if COMM_KEYS[0] in recent and COMM_KEYS[1] in recent:
+        per_round.append(f"comm {recent[COMM_KEYS[0]] / 2**20:.2f} MiB up, {recent[COMM_KEYS[1]] / 2**20:.2f} MiB down")
+    if diagnostics or per_round:
+        lines += ["", "diagnostics", "-" * len(head), *map(row, diagnostics)]
+    if per_round:
+        lines.append(f"per round (mean of the last {summary['last_k']} rounds): {', '.join(per_round)}")
     return "\n".join(lines)

@@ -28,6 +28,7 @@ from fl.core.state import (
                            read_checkpoint,
 )
 from fl.data import DataError, build_data
+from fl.report.aliases import current_names
 from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
 from fl.run.cli_help import USAGE, list_items, method_help
@@ -251,6 +252,7 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
         except (CheckpointError, StateStoreError) as err:
             return _fail(str(err), 2) if fabric.is_global_zero else 2
         del state
+        orch.history[:] = map(current_names, orch.history)  # a run from before a metric rename: its new names
         jsonl.rewrite(orch.history)  # metrics.jsonl holds exactly the checkpointed history
         if fabric.is_global_zero:
             for problem in skipped:

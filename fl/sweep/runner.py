@@ -34,6 +34,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from fl.config import ConfigError, load_config
+from fl.report.aliases import current_names
 from fl.report.runs import flatten
 from fl.sweep.spec import Sweep, expand, grid_values, load_sweep, make_sweep, point_args
 
@@ -134,10 +135,11 @@ def test_counterpart(metric: Optional[str]) -> Optional[str]:
 
 
 def _metric_value(job: Job, metric: Optional[str]) -> Optional[float]:
-    """The value W&B's sweep reads: the run's last logged value of the metric (summary.json's final)."""
+    """The value W&B's sweep reads: the run's last logged value of the metric (summary.json's final; a run finished
+    before a metric was renamed is read under its new name)."""
     if metric is None or not job.finished:
         return None
-    return json.loads((job.run_dir / "summary.json").read_text())["final"].get(metric)
+    return current_names(json.loads((job.run_dir / "summary.json").read_text())["final"]).get(metric)
 
 
 def results(sweep: Sweep, jobs: list[Job]) -> list[dict]:

@@ -205,5 +205,5 @@ class FedACDServer(Server):
         self._scores = {}
 
 
-register_method("fedacd", FedACDConfig, FedACDClient, FedACDServer, headline="test/global_acc")
-register_method("fedacd_base", FedACDBaseConfig, FedACDClient, FedACDServer, headline="test/global_acc")
+register_method("fedacd", FedACDConfig, FedACDClient, FedACDServer, headline="test/acc_global_balanced")
+register_method("fedacd_base", FedACDBaseConfig, FedACDClient, FedACDServer, headline="test/acc_global_balanced")
