@@ -1,9 +1,11 @@
 """`fabric.precision=16-mixed` on the CPU with a loss scale that moves at every step (2^20 to start: the first steps
 overflow float16 and halve it; each good step doubles it), so which steps the scaler skips depends on everything
-the scaler saw before. `jumpy` replaces Fabric's plugin in fl.run.train (tests patch it in-process); run as a
-script (`python tests/jumpy_loss_scale.py key=value ...`) it does so in processes of their own (ddp)."""
+the scaler saw before. `jumpy` replaces Fabric's plugin class where fl.run.train's make_fabric imports it from
+(tests patch it in-process); run as a script (`python tests/jumpy_loss_scale.py key=value ...`) it does so in
+processes of their own (ddp)."""
 import sys
 
+import lightning.fabric.plugins.precision as fabric_precision
 import torch
 from lightning.fabric.plugins.precision import MixedPrecision
 
@@ -15,5 +17,5 @@ def jumpy(precision: str, device: str) -> MixedPrecision:
 
 
 if __name__ == "__main__":
-    fl.run.train.MixedPrecision = jumpy
+    fabric_precision.MixedPrecision = jumpy
     sys.exit(fl.run.train.main(sys.argv[1:]))

@@ -3,6 +3,8 @@ full config, the sweep's usage, one spelling of "error:", data faults that say w
 a method key that names the methods taking it, and nothing left behind that was not asked for."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -96,8 +98,10 @@ def test_no_wandb_id_when_w_and_b_is_disabled(out, monkeypatch):
     monkeypatch.delenv(RUN_DIR_ENV, raising=False)
     for mode, has_id in (("disabled", False), ("offline", True)):
         cfg = load_config([f"logger.wandb.mode={mode}", f"logger.output_dir={out / mode}"])
-        run_dir = prepare_run_dir(cfg)
-        monkeypatch.delenv(RUN_DIR_ENV)
+        try:
+            run_dir = prepare_run_dir(cfg)
+        finally:  # prepare_run_dir exports the run dir for launched processes; later tests' runs must not see it
+            os.environ.pop(RUN_DIR_ENV, None)
         assert (run_dir / "wandb_id").is_file() == has_id, mode
 
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import fl.run.train
 from fl.config import load_config
 from fl.core import METHODS, float32_island, load_plugins, loss_scaler, make_client_module
 from fl.core.loop import LOSS_SCALE
@@ -218,7 +217,7 @@ JUMPY = ("fabric.precision=16-mixed", "fabric.cpu_threads=1")
 
 def test_a_clients_loss_scale_depends_on_its_own_history_only(out, monkeypatch):
     """Client b after client a trains as client b alone: the scaler does not carry a's scale over."""
-    monkeypatch.setattr(fl.run.train, "MixedPrecision", jumpy)
+    monkeypatch.setattr("lightning.fabric.plugins.precision.MixedPrecision", jumpy)
     cfg = load_config(tiny(out, *JUMPY))
 
     def train(cids):
@@ -233,7 +232,7 @@ def test_a_clients_loss_scale_depends_on_its_own_history_only(out, monkeypatch):
 
 
 def test_resumed_equals_uninterrupted_under_16_mixed(out, monkeypatch):
-    monkeypatch.setattr(fl.run.train, "MixedPrecision", jumpy)
+    monkeypatch.setattr("lightning.fabric.plugins.precision.MixedPrecision", jumpy)
     full, cut = interrupted_and_resumed(out, monkeypatch, *JUMPY, "trainer.rounds=4", at_round=2)
     assert read_metrics(full) == read_metrics(cut)
     a, b = load_ckpt(full), load_ckpt(cut)
