@@ -23,7 +23,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
 DEFAULT_CONF = "quickstart"
 
 # Keys that may change when resuming; everything else must match the checkpointed run.
-RESUMABLE_KEYS = ("trainer.rounds", "fabric.", "logger.", "resume")
+RESUMABLE_KEYS = ("trainer.rounds", "trainer.on_divergence", "fabric.", "logger.", "resume")
 
 # Keys that moved, old -> new: a config or override that still uses the old one is refused, naming the new.
 MOVED_KEYS = {

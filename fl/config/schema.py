@@ -40,6 +40,10 @@ class TrainerConfig:
     eval_batch_size: int = param(1024, ge=1)
     checkpoint_every: int = param(5, ge=0, help="checkpoint every k rounds; 0 = only at the end")
     last_k: int = param(5, ge=1, help="summary reports the mean over the last K evaluations")
+    on_divergence: str = param("stop", choices=["stop", "warn"],
+                               help="a client's training loss above 1000 x max(1, the first round's mean loss), or "
+                               "its uploaded parameters' norm above 1000 x the initial model's: stop (exit 1, the "
+                               "last checkpoint kept) or warn and go on; summary.json records it as 'diverged'")
     evaluators: Optional[list] = param(None, help="extra evaluation metrics to compute (see fl.metrics.evaluators); "
                                        "null = every evaluator registered as default, [] = none")
 

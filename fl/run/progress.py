@@ -66,6 +66,9 @@ def format_summary(summary: dict, keys: list[str] | None = None) -> str:
         sel = summary["at_best_val"]
         picked = " ".join(f"{k}={v:.4f}" for k, v in sel.items() if k.startswith("test/target"))
         lines.append(f"selected by val/target_acc (round {sel['round']}): {picked}")
+    if "diverged" in summary:  # trainer.on_divergence=warn: the numbers above come from a diverged run
+        d = summary["diverged"]
+        lines.append(f"DIVERGED at client {d['client']}, round {d['round']}: {d['reason']}")
     if TIME_KEY in summary.get(last_key, {}):
         lines.append(f"round time: {summary[last_key][TIME_KEY]:.2f} s (mean of the last {summary['last_k']} rounds)")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
 from fl.core.exchange import gather_objects
+from fl.core.loop import Diverged
 from fl.core.state import StateStoreError, check_writable
 from fl.data import DataError, build_data
 from fl.report.summary import summarize_history
@@ -99,6 +100,18 @@ def resume_on_every_node(fabric: Fabric, cfg: DictConfig, resume):
         if lacking:
             resume = None if chosen is None else (Path(cfg.resume) / "checkpoints" / chosen[0], state, [])
     return resume
+
+
+def run_summary(cfg: DictConfig, data, run_dir: Path, history: list[dict], diverged) -> dict:
+    """summary.json's content: the history's summaries, what ran, and `diverged` (round, client, method, reason)
+    when the run diverged (trainer.on_divergence), absent when it did not."""
+    summary = summarize_history(history, cfg.trainer.last_k)
+    summary.update({"method": cfg.method.name, "headline": METHODS[cfg.method.name].headline,
+                    "dataset": cfg.data.name, "seed": int(cfg.seed), "rounds": int(cfg.trainer.rounds),
+                    "partition_fingerprint": data.fingerprint(), "run_dir": str(run_dir)})
+    if diverged is not None:
+        summary["diverged"] = diverged.as_dict()
+    return summary
 
 
 def make_fabric(cfg: DictConfig, callbacks: list, loggers: list) -> Fabric:
@@ -220,6 +233,11 @@ def _run(argv: list[str]) -> int:
     except TrainingFault as err:
         kept = (f"the last good checkpoint is {orch.ckpt_path}" if orch.ckpt_path.is_file() else
                 "no checkpoint was written yet")
+        if isinstance(err, Diverged) and fabric.is_global_zero:  # a finished run, marked: sweeps do not rerun it
+            write_summary(run_dir, run_summary(cfg, data, run_dir, orch.history, err.where))
+            kept += f"; {run_dir / 'summary.json'} marks the run as diverged" + (
+                f" (to train on regardless: python -m fl.train resume={run_dir} trainer.on_divergence=warn)"
+                if orch.ckpt_path.is_file() else "")
         return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1  # one message, not one per process
     except (Interrupted, KeyboardInterrupt) as err:
         if fabric.is_global_zero:
@@ -228,15 +246,12 @@ def _run(argv: list[str]) -> int:
             print(f"\n{err or 'interrupted'}; {where}: python -m fl.train resume={run_dir}", file=sys.stderr)
         return 130
     if fabric.is_global_zero:
-        summary = summarize_history(history, cfg.trainer.last_k)
-        summary.update({"method": cfg.method.name, "headline": METHODS[cfg.method.name].headline,
-                        "dataset": cfg.data.name, "seed": int(cfg.seed), "rounds": int(cfg.trainer.rounds),
-                        "partition_fingerprint": data.fingerprint(), "run_dir": str(run_dir)})
+        summary = run_summary(cfg, data, run_dir, history, orch.diverged)
         write_summary(run_dir, summary)
         if wandb_logger is not None:
             wandb_logger.experiment.summary.update({f"{kind}/{k}": v for kind in ("final", "best")
                                                     for k, v in summary[kind].items()})
-            wandb_logger.experiment.summary.update({"headline": summary["headline"]})
+            wandb_logger.experiment.summary.update({k: summary[k] for k in ("headline", "diverged") if k in summary})
             wandb_logger.log_checkpoint(orch.ckpt_path)
             wandb_logger.experiment.finish()
         print(format_summary(summary))
