@@ -27,7 +27,6 @@ import argparse
 import atexit
 import contextlib
 import json
-import math
 import os
 import shutil
 import signal
@@ -42,6 +41,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.state_store import du, instrument  # noqa: E402
+from fl.core.batches import count_batches  # noqa: E402
 from fl.data.sources import domains  # noqa: E402
 
 
@@ -151,16 +151,6 @@ def _statistics(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return spec.mean, spec.std
 
 
-def paper_batches(n: int, batch_size: int, epochs: Optional[int], steps: Optional[int], drop_last: bool) -> int:
-    """The batches `fl.core.batches.batch_indices` yields for these arguments."""
-    if n == 0:
-        return 0
-    if steps is not None:
-        return steps
-    b = min(batch_size, n)
-    return epochs * (n // b if drop_last else math.ceil(n / b))
-
-
 # ---- the child: one config, one round, measured from inside -------------------------------------------------------
 def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
     from functools import partial
@@ -207,8 +197,8 @@ def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
             yield from counted(n, batch_size, gen, epochs=epochs, steps=steps, drop_last=drop_last)
             return
         shortened = local_steps is not None and steps == local_steps
-        full = paper_batches(n, batch_size, paper.local_epochs, paper.local_steps, drop_last) if shortened else \
-            paper_batches(n, batch_size, epochs, steps, drop_last)
+        full = count_batches(n, batch_size, paper.local_epochs, paper.local_steps, drop_last) if shortened else \
+            count_batches(n, batch_size, epochs, steps, drop_last)
         stats["batches_paper"] += full
         for item in counted(n, batch_size, gen, epochs=epochs, steps=steps, drop_last=drop_last):
             if item[1] is not None:

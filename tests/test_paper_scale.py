@@ -10,8 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bench.paper_scale import REAL, paper_batches, paper_configs, projection, rehearse, row, standin_pool
-from fl.core.batches import batch_indices
+from bench.paper_scale import REAL, paper_configs, projection, rehearse, row, standin_pool
 
 
 def data_cfg(image_size=None):
@@ -41,16 +40,6 @@ def test_iwildcam_cameras_are_disjoint_between_train_and_test():
     train_cams, test_cams = set(pool.train.domain.tolist()), set(pool.test.domain.tolist())
     assert len(train_cams) == 243 and len(test_cams) == 48 and not train_cams & test_cams
     assert len(pool.domain_names) == 291
-
-
-@pytest.mark.parametrize("n,bs,epochs,steps,drop_last", [(130, 64, 1, None, False), (130, 64, 5, None, True),
-                                                         (130, 64, None, 7, False), (30, 64, 2, None, True),
-                                                         (0, 8, 1, None, False)])
-def test_paper_batches_counts_what_batch_indices_yields(n, bs, epochs, steps, drop_last):
-    gen = torch.Generator().manual_seed(0)
-    yielded = sum(idx is not None for _, idx in batch_indices(n, bs, gen, epochs=epochs, steps=steps,
-                                                              drop_last=drop_last))
-    assert paper_batches(n, bs, epochs, steps, drop_last) == yielded
 
 
 def test_projection_is_rounds_times_train_plus_evaluations_plus_checkpoints():

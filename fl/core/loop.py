@@ -388,9 +388,9 @@ class Orchestrator:
         for r in results:
             for k, v in r.logs.items():
                 metrics[f"client/{r.cid}/{k}"] = v
-        if results:
-            for k in results[0].logs:
-                metrics[f"train/{k}"] = sum(r.logs.get(k, 0.0) for r in results) / len(results)
+        for k in dict.fromkeys(k for r in results for k in r.logs):  # a client without data logs nothing: not a 0
+            logged = [r.logs[k] for r in results if k in r.logs]
+            metrics[f"train/{k}"] = sum(logged) / len(logged)
         metrics["train/clients"] = float(len(results))
         return metrics
 

@@ -24,6 +24,7 @@ from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
 from fl.run.cli_help import USAGE, list_items, method_help
 from fl.run.loggers import JsonlLogger, make_wandb_logger
+from fl.run.preflight import print_client_notes
 from fl.run.progress import RoundProgress, format_summary, round_label
 from fl.run.run_dir import RUN_DIR_ENV, launched_run_dir, log_partition, prepare_run_dir, write_summary
 
@@ -187,6 +188,7 @@ def _run(argv: list[str]) -> int:
     except (ValueError, RuntimeError, FileNotFoundError) as err:
         return _fail(f"{type(err).__name__}: {str(err).splitlines()[0]}", 2)
 
+    print_client_notes(cfg, data)
     run_dir = prepare_run_dir(cfg, named)
     jsonl = JsonlLogger(run_dir / "metrics.jsonl")
     wandb_logger = make_wandb_logger(cfg, run_dir, run_dir.name,
