@@ -350,13 +350,32 @@ def load_config(argv: list[str]) -> DictConfig:
     return cfg
 
 
+def read_run_config(path: Path) -> DictConfig:
+    """A run directory's config.yaml, as fl.train wrote it: a damaged file, or one written before a key moved
+    (MOVED_KEYS: its checkpoints hold the old names too), stops here in one line."""
+    try:
+        node = OmegaConf.load(path)
+    except Exception as err:  # a YAML syntax error, or bytes that are not text
+        raise ConfigError(f"resume: cannot parse {path}: {(str(err).splitlines() or [''])[0][:160]}; it is the run's "
+                          "config as fl.train wrote it: restore it, or start a new run") from None
+    if not isinstance(node, DictConfig) or not node:
+        raise ConfigError(f"resume: {path} is not a run config (expected the mapping of keys fl.train writes); restore "
+                          "it, or start a new run")
+    try:
+        refuse_moved_keys(node, str(path))
+    except ConfigError as err:
+        raise ConfigError(f"resume: {err}; the run was made by an older version of fl, whose checkpoints this one "
+                          "cannot continue: start a new run") from None
+    return node
+
+
 def _resume_base(resume: str, conf: Optional[str], cli: DictConfig, argv: list[str]) -> DictConfig:
     """The run's own config.yaml. The command may repeat the run's conf= and values (the original command
     with resume= appended); only a change to a key outside RESUMABLE_KEYS is refused."""
     saved_path = Path(resume) / "config.yaml"
     if not saved_path.is_file():
         raise ConfigError(f"resume={resume!r}: no config.yaml there; pass a run directory made by fl.train")
-    saved = OmegaConf.load(saved_path)
+    saved = read_run_config(saved_path)
     if conf is not None:  # the whole command, as a fresh run, must describe the same experiment
         changed = config_diff(saved, load_config([a for a in argv if not a.startswith("resume=")]))
     else:

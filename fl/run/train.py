@@ -18,7 +18,7 @@ from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
 from fl.core.exchange import gather_objects
 from fl.core.loop import Diverged
-from fl.core.state import StateStoreError, check_writable
+from fl.core.state import CHECKPOINT_NAMES, StateStoreError, check_writable
 from fl.data import DataError, build_data
 from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
@@ -74,9 +74,18 @@ def resume_point(cfg: DictConfig, data) -> tuple[Path, dict, list[str]] | None:
     against the run's config.yaml and data; None when the run stopped before its first checkpoint."""
     if not cfg.resume:
         return None
-    path, state, skipped = latest_checkpoint(Path(cfg.resume) / "checkpoints")
+    run_dir = Path(cfg.resume)
+    refuse_blocked_checkpoint_paths(run_dir / "checkpoints")
+    path, state, skipped = latest_checkpoint(run_dir / "checkpoints")
     if path is None:
+        if (run_dir / "summary.json").is_file():  # finished (or stopped diverged): never retrain it from round 0
+            raise CheckpointError(f"resume={cfg.resume}: the run has ended (it has summary.json) and "
+                                  f"{run_dir / 'checkpoints'} holds no checkpoint to continue from; start a new run")
         return None
+    trained_for = state.get("config", {}).get("trainer", {}).get("rounds")
+    if trained_for is not None and cfg.trainer.rounds < trained_for:
+        raise ConfigError(f"resume: trainer.rounds={cfg.trainer.rounds} is below the run's {trained_for} ({path.name} "
+                          f"holds round {state['round']}); rounds may only grow or stay: trainer.rounds>={trained_for}")
     changed = config_diff(state["config"], cfg) if "config" in state else []
     if changed:
         key, old, new = changed[0]
@@ -86,6 +95,17 @@ def resume_point(cfg: DictConfig, data) -> tuple[Path, dict, list[str]] | None:
     if state["fingerprint"] != data.fingerprint():
         raise CheckpointError(f"{path} was written for another data split than this config's")
     return path, state, skipped
+
+
+def refuse_blocked_checkpoint_paths(ckpt_dir: Path) -> None:
+    """A checkpoint path taken by something else than a file (a directory named last.ckpt) would be found only when
+    the first checkpoint is written, after the resumed rounds are trained: refuse it now."""
+    if ckpt_dir.exists() and not ckpt_dir.is_dir():
+        raise CheckpointError(f"{ckpt_dir} is a file, not the run's checkpoint folder; move it away")
+    for name in (*CHECKPOINT_NAMES, CHECKPOINT_NAMES[0] + ".tmp"):
+        path = ckpt_dir / name
+        if path.exists() and not path.is_file():
+            raise CheckpointError(f"{path} is not a checkpoint file (a directory?); move it away, then resume")
 
 
 def resume_on_every_node(fabric: Fabric, cfg: DictConfig, resume):
