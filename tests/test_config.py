@@ -55,6 +55,12 @@ from tests.helpers import run_cli, tiny
     ("trainer.rounds={}", ["trainer.rounds={} has the wrong type"]),
     ("evaluators.system.x=1", ["'evaluators.system' has no settings"]),
     ("data.partition.name=iid data.num_clients=5000", ["data.num_clients=5000 exceeds the", "needs one"]),
+    # a StopIteration traceback before (issue 26, item 7)
+    ("data.test_fraction=0.999", ["data.test_fraction=0.999 leaves all 6 training clients with no training data"]),
+    ("data.val_fraction=0.99 data.embedded.samples_per_class=8",
+     ["data.val_fraction=0.99 leaves all 6 training clients with no training data"]),
+    # a bare ValueError before (item 10)
+    ("data.client_train_fraction=[a,b,c,d,e,f]", ["data.client_train_fraction[0]='a' is not a number", "(0, 1]"]),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(out, capsys, arg, words):
     assert main(tiny(out, *arg.split(" "))) == 2
