@@ -172,6 +172,9 @@ def parse_argv(argv: list[str]) -> tuple[Optional[str], list[str]]:
                               "(e.g. trainer.rounds=2)")
         if arg.startswith("conf="):
             conf = arg.split("=", 1)[1]
+            if not conf.strip():
+                raise ConfigError(f"argument {arg!r} names no config; give conf=NAME (e.g. conf=quickstart), or leave "
+                                  f"conf= out for the default ({DEFAULT_CONF})")
         else:
             overrides.append(arg.lstrip("-"))
     return conf, overrides
@@ -295,12 +298,30 @@ def validate(cfg: DictConfig) -> None:
     if after is not None and after >= cfg.trainer.rounds:
         raise ConfigError(f"finetune.after_round={after} leaves no fine-tuning round: it must be < "
                           f"trainer.rounds={cfg.trainer.rounds}")
+    check_unused_settings(cfg, spec)
     if cfg.trainer.local_steps is None and cfg.trainer.local_epochs is None:
         raise ConfigError("trainer.local_epochs and trainer.local_steps are both null; set one of them")
     if cfg.fabric.strategy.startswith("ddp") and cfg.fabric.accelerator == "cpu" and cfg.fabric.precision not in (
             "32-true", "32", "64-true", "64", "bf16-mixed"):
         raise ConfigError(f"fabric.precision={cfg.fabric.precision!r} is not supported on CPU; "
                           "use 32-true, 64-true or bf16-mixed")
+
+
+def check_unused_settings(cfg: DictConfig, spec) -> None:
+    """Settings that only take effect with another one, given without it: refused rather than silently ignored."""
+    s, f = cfg.state, cfg.finetune
+    if s.dir is not None and s.cache_mb is None:
+        raise ConfigError(f"state.dir={s.dir!r} is used only with state.cache_mb (client states on disk); without it "
+                          "they stay in memory: set state.cache_mb=MiB too, or leave state.dir out")
+    if f.lr is not None and f.after_round is None and not spec.client_cls.finetunes_for_evaluation:
+        raise ConfigError(f"finetune.lr={f.lr} is read only in fine-tuning rounds (finetune.after_round) and by "
+                          f"methods that fine-tune before evaluating (fedavg_ft); method.name={cfg.method.name!r} "
+                          "without finetune.after_round never reads it")
+    if f.schedule != "constant" and (f.lr is None or f.after_round is None):
+        missing = " and ".join(k for k, v in (("finetune.lr", f.lr), ("finetune.after_round", f.after_round))
+                               if v is None)
+        raise ConfigError(f"finetune.schedule={f.schedule!r} decays finetune.lr over the fine-tuning rounds "
+                          f"(finetune.after_round on); set {missing}, or leave finetune.schedule out")
 
 
 def _method_name(*sources) -> Any:

@@ -105,7 +105,7 @@ class PartitionConfig:
                                help="domains: label skew inside each domain (classes = FedMosaic's hybrid)")
     labels: str = param("label", choices=["label", "fine"],
                         help="fine: partition on CIFAR-100's fine labels while training on coarse (FedDRM)")
-    seed: Optional[int] = param(None, help="seed of the split; defaults to the run seed")
+    seed: Optional[int] = param(None, ge=0, help="seed of the split; defaults to the run seed")
 
 
 @dataclass
