@@ -386,16 +386,32 @@ def batches(s: dict, local_steps: Optional[int]) -> str:
 
 
 def print_table(results: Path) -> int:
+    """The table of a results.jsonl; a file that is missing or not one this script wrote: one line, exit 2."""
+    try:
+        lines = results.read_text().splitlines()
+    except OSError as err:
+        return _fail(f"--table {results}: cannot read it ({err.strerror or type(err).__name__})")
+    except UnicodeDecodeError:
+        return _fail(f"--table {results}: not a text file; give a results.jsonl this script wrote")
     last = {}
-    for line in results.read_text().splitlines():
-        saved = json.loads(line)
-        steps = saved.pop("local_steps")
-        saved.pop("overrides")
-        last[saved["conf"]] = (Result(**saved), steps)
+    for number, line in enumerate(lines, 1):
+        try:
+            saved = json.loads(line)
+            steps = saved.pop("local_steps")
+            saved.pop("overrides")
+            last[saved["conf"]] = (Result(**saved), steps)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            return _fail(f"--table {results}, line {number}: not a row this script writes to results.jsonl "
+                         f"({type(err).__name__}: {str(err).splitlines()[0][:80] if str(err) else ''})")
     print(HEADER)
     for conf in sorted(last):
         print(row(*last[conf]))
     return 0
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 def paper_configs() -> list[str]:
@@ -417,6 +433,8 @@ def main() -> int:
     p.add_argument("--table", type=Path, help="print the table of a results.jsonl these runs wrote (the last row per "
                                               "config, in config order), and run nothing")
     a = p.parse_intermixed_args()
+    if a.local_steps is not None and a.local_steps < 1:
+        return _fail(f"--local-steps {a.local_steps}: it must be >= 1 (leave it out to run the paper's local epochs)")
     if a.table:
         return print_table(a.table)
     confs = [x.split("=", 1)[1] for x in a.args if x.startswith("conf=")]
