@@ -119,3 +119,16 @@ def test_pfedfda_with_the_papers_regularisation_on_few_shifted_samples_stops_ins
     assert err.startswith("error: method 'pfedfda' diverged at client ") and ", round 2: training loss" in err
     assert summary(out / "outputs" / "fda")["diverged"]["round"] == 2
     assert main([*args[:-2], "logger.run_name=fda_code", "fabric.cpu_threads=1", "method.cov_reg=code"]) == 0
+
+
+@pytest.mark.slow
+def test_a_divergence_under_two_processes_stops_both_is_reported_once_and_marked_once(out):
+    from tests.helpers import ROOT, run_cli
+
+    args = [*tiny(out, *GROWING, "logger.run_name=two"), "fabric.strategy=ddp", "fabric.devices=2"]
+    res = run_cli(args, cwd=out, script=(str(ROOT / "tests" / "diverge_at_round.py"),))
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert res.stderr.count("diverged at client") == 1, res.stderr[-2000:]
+    marked = summary(out / "outputs" / "two")["diverged"]
+    assert marked["round"] == 2 and f"client {marked['client']}, round 2" in res.stderr
+    assert load_ckpt(out / "outputs" / "two")["round"] == 1

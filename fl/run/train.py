@@ -1,8 +1,9 @@
 """`python -m fl.train [conf=NAME] [key=value ...]`: config -> data -> Fabric -> run directory -> the loop ->
 summary.
 
-Exit codes: 0 done, 1 a training fault (non-finite loss), 2 bad configuration or data (nothing written),
-130 interrupted (a checkpoint of the last completed round was written; continue with resume=<run dir>).
+Exit codes: 0 done, 1 a training fault (a non-finite loss, or a divergence under trainer.on_divergence=stop: then
+summary.json marks the run), 2 bad configuration or data (nothing written), 130 interrupted (a checkpoint of the last
+completed round was written; continue with resume=<run dir>).
 """
 from __future__ import annotations
 
