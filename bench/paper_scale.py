@@ -27,7 +27,6 @@ import argparse
 import atexit
 import contextlib
 import json
-import math
 import os
 import shutil
 import signal
@@ -42,6 +41,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.state_store import du, instrument  # noqa: E402
+from fl.core.batches import count_batches  # noqa: E402
 from fl.data.sources import domains  # noqa: E402
 
 
@@ -151,16 +151,6 @@ def _statistics(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return spec.mean, spec.std
 
 
-def paper_batches(n: int, batch_size: int, epochs: Optional[int], steps: Optional[int], drop_last: bool) -> int:
-    """The batches `fl.core.batches.batch_indices` yields for these arguments."""
-    if n == 0:
-        return 0
-    if steps is not None:
-        return steps
-    b = min(batch_size, n)
-    return epochs * (n // b if drop_last else math.ceil(n / b))
-
-
 # ---- the child: one config, one round, measured from inside -------------------------------------------------------
 def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
     from functools import partial
@@ -207,8 +197,8 @@ def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
             yield from counted(n, batch_size, gen, epochs=epochs, steps=steps, drop_last=drop_last)
             return
         shortened = local_steps is not None and steps == local_steps
-        full = paper_batches(n, batch_size, paper.local_epochs, paper.local_steps, drop_last) if shortened else \
-            paper_batches(n, batch_size, epochs, steps, drop_last)
+        full = count_batches(n, batch_size, paper.local_epochs, paper.local_steps, drop_last) if shortened else \
+            count_batches(n, batch_size, epochs, steps, drop_last)
         stats["batches_paper"] += full
         for item in counted(n, batch_size, gen, epochs=epochs, steps=steps, drop_last=drop_last):
             if item[1] is not None:
@@ -396,16 +386,32 @@ def batches(s: dict, local_steps: Optional[int]) -> str:
 
 
 def print_table(results: Path) -> int:
+    """The table of a results.jsonl; a file that is missing or not one this script wrote: one line, exit 2."""
+    try:
+        lines = results.read_text().splitlines()
+    except OSError as err:
+        return _fail(f"--table {results}: cannot read it ({err.strerror or type(err).__name__})")
+    except UnicodeDecodeError:
+        return _fail(f"--table {results}: not a text file; give a results.jsonl this script wrote")
     last = {}
-    for line in results.read_text().splitlines():
-        saved = json.loads(line)
-        steps = saved.pop("local_steps")
-        saved.pop("overrides")
-        last[saved["conf"]] = (Result(**saved), steps)
+    for number, line in enumerate(lines, 1):
+        try:
+            saved = json.loads(line)
+            steps = saved.pop("local_steps")
+            saved.pop("overrides")
+            last[saved["conf"]] = (Result(**saved), steps)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            return _fail(f"--table {results}, line {number}: not a row this script writes to results.jsonl "
+                         f"({type(err).__name__}: {str(err).splitlines()[0][:80] if str(err) else ''})")
     print(HEADER)
     for conf in sorted(last):
         print(row(*last[conf]))
     return 0
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 def paper_configs() -> list[str]:
@@ -427,6 +433,8 @@ def main() -> int:
     p.add_argument("--table", type=Path, help="print the table of a results.jsonl these runs wrote (the last row per "
                                               "config, in config order), and run nothing")
     a = p.parse_intermixed_args()
+    if a.local_steps is not None and a.local_steps < 1:
+        return _fail(f"--local-steps {a.local_steps}: it must be >= 1 (leave it out to run the paper's local epochs)")
     if a.table:
         return print_table(a.table)
     confs = [x.split("=", 1)[1] for x in a.args if x.startswith("conf=")]

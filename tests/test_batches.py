@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from fl.core import augment, batch_indices
+from fl.core.batches import count_batches
 from fl.core.seeding import generator
 
 
@@ -20,6 +21,16 @@ def test_batch_indices_steps_counts_steps_across_passes():
     dropped = [idx for _, idx in batch_indices(10, 4, generator(0, 0, 0, "t"), epochs=1, drop_last=True)
                if idx is not None]
     assert [len(i) for i in dropped] == [4, 4]
+
+
+@pytest.mark.parametrize("n,bs,epochs,steps,drop_last", [(130, 64, 1, None, False), (130, 64, 5, None, True),
+                                                         (130, 64, None, 7, False), (30, 64, 2, None, True),
+                                                         (0, 8, 1, None, False)])
+def test_count_batches_counts_what_batch_indices_yields(n, bs, epochs, steps, drop_last):
+    gen = torch.Generator().manual_seed(0)
+    yielded = sum(idx is not None for _, idx in batch_indices(n, bs, gen, epochs=epochs, steps=steps,
+                                                              drop_last=drop_last))
+    assert count_batches(n, bs, epochs, steps, drop_last) == yielded
 
 
 def test_augmentations_are_seeded_and_keep_shapes():

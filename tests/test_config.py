@@ -59,6 +59,20 @@ from tests.helpers import run_cli, tiny
     ("trainer.rounds={}", ["trainer.rounds={} has the wrong type"]),
     ("evaluators.system.x=1", ["'evaluators.system' has no settings"]),
     ("data.partition.name=iid data.num_clients=5000", ["data.num_clients=5000 exceeds the", "needs one"]),
+    # a StopIteration traceback before (issue 26, item 7)
+    ("data.test_fraction=0.999", ["data.test_fraction=0.999 leaves all 6 training clients with no training data"]),
+    ("data.val_fraction=0.99 data.embedded.samples_per_class=8",
+     ["data.val_fraction=0.99 leaves all 6 training clients with no training data"]),
+    # a bare ValueError before (item 10)
+    ("data.client_train_fraction=[a,b,c,d,e,f]", ["data.client_train_fraction[0]='a' is not a number", "(0, 1]"]),
+    # accepted and silently ignored before (item 11)
+    ("state.dir=states", ["state.dir='states'", "state.cache_mb"]),
+    ("finetune.schedule=cosine", ["finetune.schedule='cosine'", "set finetune.lr and finetune.after_round"]),
+    ("method.name=fedavg_ft finetune.schedule=cosine finetune.lr=0.1", ["finetune.schedule='cosine'",
+                                                                     "set finetune.after_round,"]),
+    ("finetune.lr=0.1", ["finetune.lr=0.1", "finetune.after_round", "method.name='fedavg'"]),
+    ("data.partition.seed=-1", ["data.partition.seed=-1", ">= 0"]),
+    ("conf=", ["'conf='", "names no config", "conf=quickstart"]),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(out, capsys, arg, words):
     assert main(tiny(out, *arg.split(" "))) == 2
@@ -93,6 +107,15 @@ def test_resume_refuses_to_change_the_experiment(tmp_path):
     with pytest.raises(ConfigError, match="optim.lr cannot change"):
         load_config([f"resume={tmp_path}", "optim.lr=0.1"])
     assert load_config([f"resume={tmp_path}", "trainer.rounds=50"]).trainer.rounds == 50
+
+
+@pytest.mark.parametrize("args", [
+    ["state.dir=states", "state.cache_mb=64"],
+    ["finetune.after_round=15", "finetune.lr=0.01", "finetune.schedule=cosine"],
+    ["method.name=fedavg_ft", "finetune.lr=0.01"],  # FedAvg-FT fine-tunes at it before every evaluation
+])
+def test_settings_that_take_effect_together_load(args):
+    load_config(args)
 
 
 def test_every_shipped_config_loads():

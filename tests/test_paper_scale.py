@@ -10,8 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bench.paper_scale import REAL, paper_batches, paper_configs, projection, rehearse, row, standin_pool
-from fl.core.batches import batch_indices
+from bench.paper_scale import REAL, paper_configs, projection, rehearse, row, standin_pool
 
 
 def data_cfg(image_size=None):
@@ -41,16 +40,6 @@ def test_iwildcam_cameras_are_disjoint_between_train_and_test():
     train_cams, test_cams = set(pool.train.domain.tolist()), set(pool.test.domain.tolist())
     assert len(train_cams) == 243 and len(test_cams) == 48 and not train_cams & test_cams
     assert len(pool.domain_names) == 291
-
-
-@pytest.mark.parametrize("n,bs,epochs,steps,drop_last", [(130, 64, 1, None, False), (130, 64, 5, None, True),
-                                                         (130, 64, None, 7, False), (30, 64, 2, None, True),
-                                                         (0, 8, 1, None, False)])
-def test_paper_batches_counts_what_batch_indices_yields(n, bs, epochs, steps, drop_last):
-    gen = torch.Generator().manual_seed(0)
-    yielded = sum(idx is not None for _, idx in batch_indices(n, bs, gen, epochs=epochs, steps=steps,
-                                                              drop_last=drop_last))
-    assert paper_batches(n, bs, epochs, steps, drop_last) == yielded
 
 
 def test_projection_is_rounds_times_train_plus_evaluations_plus_checkpoints():
@@ -129,3 +118,29 @@ def test_a_round_stopped_while_checkpointing_is_a_row_with_what_was_measured():
                       "checkpoint)", stats, 900.0), local_steps=2)
     assert text.startswith("| fedmosaic_office_fs | 4 | 20.0 + 10.0 s (10 of 100 batches) |")
     assert "| ? / ? | ? |" in text and text.endswith("(stopped during writing the checkpoint) |")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--table", "{tmp}/missing.jsonl"], ["--table", "missing.jsonl: cannot read it (No such file or directory)"]),
+    (["--table", "{tmp}/garbage.jsonl"], ["garbage.jsonl, line 2: not a row this script writes", "JSONDecodeError"]),
+    (["--table", "{tmp}/list.jsonl"], ["list.jsonl, line 1: not a row"]),
+    (["--local-steps", "-1", "conf=fedpals_pacs"], ["--local-steps -1: it must be >= 1"]),
+    (["--local-steps", "0", "--all"], ["--local-steps 0: it must be >= 1"]),
+])
+def test_bad_arguments_and_tables_are_one_line_exit_2(tmp_path, capsys, monkeypatch, args, words):
+    import bench.paper_scale as paper_scale
+
+    (tmp_path / "garbage.jsonl").write_text('{"conf": "a", "exit": 0, "wall_s": 1.0, "local_steps": null, '
+                                            '"overrides": []}\nnot json\n')
+    (tmp_path / "list.jsonl").write_text("[1, 2]\n")
+
+    def never(*a, **k):
+        raise AssertionError("a bad argument must not start a rehearsal")
+
+    monkeypatch.setattr(paper_scale, "rehearse", never)
+    monkeypatch.setattr(sys, "argv", ["paper_scale.py", *[a.format(tmp=tmp_path) for a in args]])
+    assert paper_scale.main() == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("error: ") and captured.out == ""
+    for w in words:
+        assert w in captured.err, (w, captured.err)

@@ -205,8 +205,29 @@ def test_collapsed_personal_heads_are_counted_and_warned_about(out):
     counted in test/collapsed_heads and warned about (here: tiny, barely trained features)."""
     from tests.helpers import read_metrics, run_tiny
 
-    with pytest.warns(UserWarning, match="personal heads predict one class"):
+    with pytest.warns(UserWarning, match=r"personal heads predict one class .*\(method.cov_reg=code: its added"):
         run_dir = run_tiny(out, "method.name=pfedfda", "trainer.rounds=1", "trainer.evaluators=[]", name="collapse")
     row = read_metrics(run_dir)[-1]
     flags = [row[f"client/{c}/head_collapsed"] for c in range(6)]
     assert set(flags) <= {0.0, 1.0} and row["test/collapsed_heads"] == sum(flags) > 0
+
+
+@pytest.mark.parametrize("cov_reg", ["code", "paper"])
+def test_the_collapse_warning_names_the_regularisation_in_use_not_the_other(cov_reg):
+    from types import SimpleNamespace
+
+    from fl.config import load_config
+    from fl.methods.pfedfda import COLLAPSE_CAUSES, PFedFDAServer
+
+    server = PFedFDAServer(load_config(["method.name=pfedfda", f"method.cov_reg={cov_reg}"]))
+    server.data = SimpleNamespace(num_clients=2)
+    ctx = SimpleNamespace(round=4, fabric=SimpleNamespace(is_global_zero=True), log_histogram=lambda *a: None)
+    metrics = {"client/0/beta_eval": 1.0, "client/1/beta_eval": 1.0, "client/0/head_collapsed": 1.0,
+               "client/1/head_collapsed": 0.0}
+    with pytest.warns(UserWarning) as caught:
+        server.on_evaluate(ctx, metrics)
+    message = str(caught[0].message)
+    other = next(k for k in COLLAPSE_CAUSES if k != cov_reg)
+    assert message.startswith("pFedFDA, round 5: 1 of 2 personal heads predict one class")
+    assert message.endswith(f"(method.cov_reg={cov_reg}: {COLLAPSE_CAUSES[cov_reg]})")
+    assert COLLAPSE_CAUSES[other] not in message and metrics["test/collapsed_heads"] == 1.0

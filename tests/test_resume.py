@@ -26,6 +26,7 @@ def test_a_run_without_a_checkpoint_starts_afresh_in_its_directory(out, capsys):
     cut = out / "outputs" / "cut"
     shutil.copytree(full, cut)
     shutil.rmtree(ckpt_dir(cut))
+    (cut / "summary.json").unlink()  # a run killed in round 1 has none
     (cut / "metrics.jsonl").write_text('{"round": 0}\n')  # what a run killed in round 1 leaves
     ckpt_dir(cut).mkdir()
     (ckpt_dir(cut) / "last.ckpt.tmp").write_bytes(b"\x80\x02half")  # a kill inside the first checkpoint write
@@ -105,3 +106,68 @@ def test_resume_in_a_config_file_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="resume cannot be set in a config file"):
         load_config([f"conf={conf}"])
     assert not (tmp_path / "elsewhere").exists()
+
+
+# ---- resumes that would have rewritten or retrained a run (issue 26, items 5 and 9) ---------------------------------
+def unchanged(run_dir):
+    """What a refused resume must leave as it was: the run's files, byte for byte."""
+    return {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+
+
+def test_lowering_trainer_rounds_on_resume_is_refused_in_one_line(out, capsys):
+    run_dir = run_tiny(out, "trainer.rounds=2", name="r")
+    before = unchanged(run_dir)
+    capsys.readouterr()
+    assert main([f"resume={run_dir}", "trainer.rounds=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "trainer.rounds=1 is below the run's 2" in err
+    assert "rounds may only grow or stay" in err and "continuing at" not in err
+    assert unchanged(run_dir) == before
+
+
+def test_a_finished_run_whose_checkpoints_were_deleted_is_not_retrained_from_round_0(out, capsys):
+    run_dir = run_tiny(out, "trainer.rounds=2", name="r")
+    shutil.rmtree(ckpt_dir(run_dir))
+    before = unchanged(run_dir)
+    capsys.readouterr()
+    assert main([f"resume={run_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has ended (it has summary.json)" in err and "no checkpoint" in err
+    assert "stopped before its first" not in err and unchanged(run_dir) == before
+
+
+@pytest.mark.parametrize("text", ["seed: [0\ntrainer: {", "\x00\xff\xfe garbage", "- a list\n- of items\n", ""])
+def test_a_damaged_run_config_is_one_line(out, capsys, text):
+    run_dir = run_tiny(out, "trainer.rounds=2", name="r")
+    (run_dir / "config.yaml").write_bytes(text.encode("latin-1"))
+    capsys.readouterr()
+    assert main([f"resume={run_dir}", "trainer.rounds=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: resume: ") and "config.yaml" in err
+    assert len(read_metrics(run_dir)) == 2
+
+
+def test_a_run_config_from_before_a_key_moved_names_the_new_key(out, capsys):
+    run_dir = run_tiny(out, "trainer.rounds=2", name="r")
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    cfg.data.dirichlet_alpha = cfg.data.partition.pop("alpha")  # how runs before the data-key move wrote it
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    capsys.readouterr()
+    assert main([f"resume={run_dir}", "trainer.rounds=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "data.dirichlet_alpha moved to data.partition.alpha" in err
+    assert "unknown key" not in err and "start a new run" in err
+
+
+@pytest.mark.parametrize("name", ["last.ckpt", "previous.ckpt", "last.ckpt.tmp"])
+def test_a_checkpoint_path_that_is_a_directory_is_refused_before_training(out, capsys, name):
+    run_dir = run_tiny(out, "trainer.rounds=2", "trainer.checkpoint_every=1", name="r")
+    path = ckpt_dir(run_dir) / name
+    if path.exists():
+        path.unlink()
+    path.mkdir()
+    capsys.readouterr()
+    assert main([f"resume={run_dir}", "trainer.rounds=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path} is not a checkpoint file" in err
+    assert len(read_metrics(run_dir)) == 2  # refused before a round was trained

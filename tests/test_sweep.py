@@ -142,6 +142,26 @@ def test_a_dead_run_without_checkpoint_is_restarted_and_one_with_a_checkpoint_re
     assert "optim.lr=0.1" in argv and f"logger.run_name={run_dir.name}" in argv and "seed=0" in argv
 
 
+def test_a_diverged_run_is_finished_but_its_metric_is_left_out_of_the_point(tmp_path, capsys):
+    from fl.sweep.runner import print_results, results
+
+    sweep = parse_sweep(doc())
+    jobs = []
+    for seed, acc, diverged in ((0, 0.9, False), (1, 0.1, True)):
+        run_dir = tmp_path / f"p000-x-s{seed}"
+        run_dir.mkdir()
+        summary = {"final": {"test/acc_mean_clients": acc}}
+        if diverged:  # what fl.train writes when trainer.on_divergence stops (or warns about) a run
+            summary["diverged"] = {"round": 3, "client": 1, "method": "fedavg", "reason": "training loss 1e+06 > ..."}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        jobs.append(Job("p000-x", {"optim.lr": 0.1}, seed, run_dir))
+    assert all(j.finished for j in jobs) and [j.diverged for j in jobs] == [False, True]
+    table = results(sweep, jobs)
+    assert table[0]["values"] == [0.9] and table[0]["mean"] == 0.9 and table[0]["diverged"] == [str(jobs[1].run_dir)]
+    print_results(sweep, table, [0, 1])
+    assert "0.9000 ± 0.0000  (n=1)  (1 diverged, left out)" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_offline_sweep_runs_groups_resumes_and_picks_the_best(tmp_path):
     sweep_file = tmp_path / "tiny.yaml"

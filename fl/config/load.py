@@ -24,7 +24,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
 DEFAULT_CONF = "quickstart"
 
 # Keys that may change when resuming; everything else must match the checkpointed run.
-RESUMABLE_KEYS = ("trainer.rounds", "fabric.", "logger.", "resume")
+RESUMABLE_KEYS = ("trainer.rounds", "trainer.on_divergence", "fabric.", "logger.", "resume")
 
 # Keys that moved, old -> new: a config or override that still uses the old one is refused, naming the new.
 MOVED_KEYS = {
@@ -173,6 +173,9 @@ def parse_argv(argv: list[str]) -> tuple[Optional[str], list[str]]:
                               "(e.g. trainer.rounds=2)")
         if arg.startswith("conf="):
             conf = arg.split("=", 1)[1]
+            if not conf.strip():
+                raise ConfigError(f"argument {arg!r} names no config; give conf=NAME (e.g. conf=quickstart), or leave "
+                                  f"conf= out for the default ({DEFAULT_CONF})")
         else:
             overrides.append(arg.lstrip("-"))
     return conf, overrides
@@ -347,12 +350,30 @@ def validate(cfg: DictConfig) -> None:
     if after is not None and after >= cfg.trainer.rounds:
         raise ConfigError(f"finetune.after_round={after} leaves no fine-tuning round: it must be < "
                           f"trainer.rounds={cfg.trainer.rounds}")
+    check_unused_settings(cfg, spec)
     if cfg.trainer.local_steps is None and cfg.trainer.local_epochs is None:
         raise ConfigError("trainer.local_epochs and trainer.local_steps are both null; set one of them")
     if cfg.fabric.strategy.startswith("ddp") and cfg.fabric.accelerator == "cpu" and cfg.fabric.precision not in (
             "32-true", "32", "64-true", "64", "bf16-mixed", "16-mixed"):
         raise ConfigError(f"fabric.precision={cfg.fabric.precision!r} is not supported on CPU; "
                           "use 32-true, 64-true, bf16-mixed or 16-mixed")
+
+
+def check_unused_settings(cfg: DictConfig, spec) -> None:
+    """Settings that only take effect with another one, given without it: refused rather than silently ignored."""
+    s, f = cfg.state, cfg.finetune
+    if s.dir is not None and s.cache_mb is None:
+        raise ConfigError(f"state.dir={s.dir!r} is used only with state.cache_mb (client states on disk); without it "
+                          "they stay in memory: set state.cache_mb=MiB too, or leave state.dir out")
+    if f.lr is not None and f.after_round is None and not spec.client_cls.finetunes_for_evaluation:
+        raise ConfigError(f"finetune.lr={f.lr} is read only in fine-tuning rounds (finetune.after_round) and by "
+                          f"methods that fine-tune before evaluating (fedavg_ft); method.name={cfg.method.name!r} "
+                          "without finetune.after_round never reads it")
+    if f.schedule != "constant" and (f.lr is None or f.after_round is None):
+        missing = " and ".join(k for k, v in (("finetune.lr", f.lr), ("finetune.after_round", f.after_round))
+                               if v is None)
+        raise ConfigError(f"finetune.schedule={f.schedule!r} decays finetune.lr over the fine-tuning rounds "
+                          f"(finetune.after_round on); set {missing}, or leave finetune.schedule out")
 
 
 def _method_name(*sources) -> Any:
@@ -406,13 +427,32 @@ def load_config(argv: list[str], check: bool = True) -> DictConfig:
     return cfg
 
 
+def read_run_config(path: Path) -> DictConfig:
+    """A run directory's config.yaml, as fl.train wrote it: a damaged file, or one written before a key moved
+    (MOVED_KEYS: its checkpoints hold the old names too), stops here in one line."""
+    try:
+        node = OmegaConf.load(path)
+    except Exception as err:  # a YAML syntax error, or bytes that are not text
+        raise ConfigError(f"resume: cannot parse {path}: {(str(err).splitlines() or [''])[0][:160]}; it is the run's "
+                          "config as fl.train wrote it: restore it, or start a new run") from None
+    if not isinstance(node, DictConfig) or not node:
+        raise ConfigError(f"resume: {path} is not a run config (expected the mapping of keys fl.train writes); restore "
+                          "it, or start a new run")
+    try:
+        refuse_moved_keys(node, str(path))
+    except ConfigError as err:
+        raise ConfigError(f"resume: {err}; the run was made by an older version of fl, whose checkpoints this one "
+                          "cannot continue: start a new run") from None
+    return node
+
+
 def _resume_base(resume: str, conf: Optional[str], cli: DictConfig, argv: list[str]) -> DictConfig:
     """The run's own config.yaml. The command may repeat the run's conf= and values (the original command
     with resume= appended); only a change to a key outside RESUMABLE_KEYS is refused."""
     saved_path = Path(resume) / "config.yaml"
     if not saved_path.is_file():
         raise ConfigError(f"resume={resume!r}: no config.yaml there; pass a run directory made by fl.train")
-    saved = OmegaConf.load(saved_path)
+    saved = read_run_config(saved_path)
     if conf is not None:  # the whole command, as a fresh run, must describe the same experiment
         changed = config_diff(saved, load_config([a for a in argv if not a.startswith("resume=")]))
     else:

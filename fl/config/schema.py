@@ -52,6 +52,10 @@ class TrainerConfig:
     eval_batch_size: int = param(1024, ge=1)
     checkpoint_every: int = param(5, ge=0, help="checkpoint every k rounds; 0 = only at the end")
     last_k: int = param(5, ge=1, help="summary reports the mean over the last K evaluations")
+    on_divergence: str = param("stop", choices=["stop", "warn"],
+                               help="a client's training loss above 1000 x max(1, the first round's mean loss), or "
+                               "its uploaded parameters' norm above 1000 x the initial model's: stop (exit 1, the "
+                               "last checkpoint kept) or warn and go on; summary.json records it as 'diverged'")
     evaluators: Optional[list] = param(None, help="extra evaluation metrics to compute (see fl.metrics.evaluators); "
                                        "null = every evaluator registered as default, [] = none")
 
@@ -118,7 +122,7 @@ class PartitionConfig:
                                help="domains: label skew inside each domain (classes = FedMosaic's hybrid)")
     labels: str = param("label", choices=["label", "fine"],
                         help="fine: partition on CIFAR-100's fine labels while training on coarse (FedDRM)")
-    seed: Optional[int] = param(None, help="seed of the split; defaults to the run seed")
+    seed: Optional[int] = param(None, ge=0, help="seed of the split; defaults to the run seed")
 
 
 @dataclass

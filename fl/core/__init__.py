@@ -6,7 +6,7 @@ from fl.core.client import HEAD, ClientModule, Upload
 from fl.core.context import EvalContext, RoundContext
 from fl.core.evaluation import Evaluator, summarize_clients
 from fl.core.federated_data import ClientData, FederatedData, Split, Target
-from fl.core.loop import Interrupted, Orchestrator, TrainingFault, make_client_module, sample_clients
+from fl.core.loop import Diverged, Interrupted, Orchestrator, TrainingFault, make_client_module, sample_clients
 from fl.core.optim import build_optimizer, finetune_lr, round_lr
 from fl.core.precision import float32_island, loss_scaler
 from fl.core.registry import (
@@ -28,9 +28,9 @@ __all__ = ["METHODS", "MethodSpec", "build_model", "load_plugins", "register_aug
            "register_evaluator", "register_method", "register_model", "derive_seed", "generator", "seed_torch",
            "ClientData", "FederatedData", "Split", "Target", "augment", "batch_indices", "build_optimizer",
            "finetune_lr", "round_lr", "HEAD", "ClientModule", "Upload", "EvalContext", "RoundContext", "Server",
-           "Evaluator", "GroupedAccuracy", "summarize_clients", "Interrupted", "Orchestrator", "TrainingFault",
-           "make_client_module", "sample_clients", "CheckpointError", "latest_checkpoint", "Callback", "EarlyStopping",
-           "float32_island", "loss_scaler"]
+           "Evaluator", "GroupedAccuracy", "summarize_clients", "Diverged", "Interrupted", "Orchestrator",
+           "TrainingFault", "make_client_module", "sample_clients", "CheckpointError", "latest_checkpoint", "Callback",
+           "EarlyStopping", "float32_island", "loss_scaler"]
 
 
 def __getattr__(name: str):

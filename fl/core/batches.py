@@ -1,6 +1,7 @@
 """Seeded mini-batches of a client's data, and the training-time augmentations applied to them."""
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Optional
 
@@ -30,6 +31,17 @@ def batch_indices(n: int, batch_size: int, gen: torch.Generator, *, epochs: Opti
         epoch += 1
         if epoch >= epochs if steps is None else done >= steps:
             return
+
+
+def count_batches(n: int, batch_size: int, epochs: Optional[int], steps: Optional[int], drop_last: bool) -> int:
+    """How many batches `batch_indices` yields for these arguments, without drawing them: a client smaller than a
+    batch takes one batch of all its samples, drop_last or not; only a client without samples takes none."""
+    if n == 0:
+        return 0
+    if steps is not None:
+        return steps
+    b = min(batch_size, n)
+    return epochs * (n // b if drop_last else math.ceil(n / b))
 
 
 def augment(x: Tensor, names, gen: torch.Generator) -> Tensor:

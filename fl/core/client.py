@@ -105,6 +105,9 @@ class ClientModule:
     #: whether the method trains the model's backbone apart from its head (a model without backbone parameters,
     #: such as logistic regression, is then a configuration error)
     needs_backbone: bool = False
+    #: whether `personalize` fine-tunes with finetune.lr before evaluating (FedAvg-FT), so finetune.lr is read
+    #: without finetune.after_round
+    finetunes_for_evaluation: bool = False
     #: `functional_step` is this class's local step (its training_step and hooks, as a pure function of the
     #: parameters), so `trainer.parallel_clients` may train K clients at once (fl/core/parallel.py). Set it in the
     #: class itself: a subclass that changes the loss does not inherit it.

@@ -24,6 +24,7 @@ class LocalResult:
     fault: Optional[str] = None
     bytes_up: int = 0  # tensors and arrays sent to the server (parameters and message)
     bytes_down: int = 0  # tensors and arrays of the server's broadcast to this client
+    norms: Optional[tuple[float, float]] = None  # (its upload's parameter norm, the initial model's of the same)
 
 
 @dataclass

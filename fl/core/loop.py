@@ -26,6 +26,7 @@ from fl.core.aggregation import Uploads
 from fl.core.callbacks import Callback
 from fl.core.client import ClientModule, Upload
 from fl.core.context import EvalContext, RoundContext
+from fl.core.divergence import Divergence, find_divergence, initial_norm, parameter_norm, reference_loss, squared_norms
 from fl.core.evaluation import Evaluator, evaluate_clients
 from fl.core.exchange import (
                               LocalResult,
@@ -53,6 +54,19 @@ LOSS_SCALE = "loss_scale"  # a client state's entry: its GradScaler state under 
 
 class TrainingFault(RuntimeError):
     """A non-finite loss or parameter: the run stops, the last good checkpoint is left as it was."""
+
+
+class Diverged(TrainingFault):
+    """A finite loss or model grown by orders of magnitude (fl/core/divergence.py) under trainer.on_divergence=stop:
+    the run stops, the last checkpoint is left as it was."""
+
+    def __init__(self, where: Divergence):
+        super().__init__(describe(where))
+        self.where = where
+
+
+def describe(where: Divergence) -> str:
+    return f"method '{where.method}' diverged at client {where.client}, round {where.round}: {where.reason}"
 
 
 class Interrupted(RuntimeError):
@@ -135,6 +149,8 @@ class Orchestrator:
         # 16-mixed: the one GradScaler of this process carries each client's own loss scale in turn (load_client)
         self.scaler = loss_scaler(fabric)
         self._initial_scale = self.scaler.state_dict() if self.scaler is not None else None
+        self.diverged: Optional[Divergence] = None  # the first divergence seen (trainer.on_divergence=warn)
+        self._initial_norms = squared_norms(self.module.state_dict())
         self.parallel = self._parallel_clients()
         server.setup(self.module, self.data)
         self.ckpt_path = run_dir / "checkpoints" / "last.ckpt"
@@ -259,6 +275,8 @@ class Orchestrator:
         faults = [r.fault for r in results if r.fault]
         if faults:
             raise TrainingFault(faults[0])
+        if self.diverged is None:
+            self.check_divergence(rnd, results)
 
         self.store.commit(rnd)
         if not self._memory_checked and len(self.store):
@@ -277,6 +295,20 @@ class Orchestrator:
         if not finetuning:
             fabric.call("on_round_end", round_ctx, metrics)
         return {k: float(v) for k, v in metrics.items()}  # plain floats: JSON, W&B and checkpoints alike
+
+    def check_divergence(self, rnd: int, results: list[LocalResult]) -> None:
+        """The round's clients against the divergence rule (every process sees the same results): stop (raise
+        Diverged before the round is committed) or warn once and go on, per trainer.on_divergence."""
+        found = find_divergence(rnd, self.cfg.method.name, [(r.cid, r.logs, r.norms) for r in results],
+                                reference_loss(self.history))
+        if found is None:
+            return
+        self.diverged = found
+        if self.cfg.trainer.on_divergence == "stop":
+            raise Diverged(found)
+        if self.fabric.is_global_zero:
+            print(f"warning: {describe(found)}; trainer.on_divergence=warn: training goes on and summary.json marks "
+                  "the run as diverged", file=sys.stderr)
 
     def is_eval_round(self, rnd: int) -> bool:
         t = self.cfg.trainer
@@ -365,13 +397,15 @@ class Orchestrator:
         upload = m.upload()
         for evaluator in self.evaluators:  # evaluators that score the local models
             evaluator.on_local_model(ctx, cid)
-        fault = None if math.isfinite(logs.get("loss", 0.0)) and all_finite(upload.params) else (
+        norm = parameter_norm(upload.params)  # non-finite exactly when a parameter is
+        fault = None if math.isfinite(logs.get("loss", 0.0)) and math.isfinite(norm) else (
             f"non-finite loss or parameters in method '{self.cfg.method.name}', client {cid}, round {ctx.round}")
         new_state = self.with_loss_scale(m.client_state())
         if m.keep_optimizer_state:
             new_state["optimizer"] = to_cpu(optimizer.state_dict())
         result = LocalResult(cid, new_state, to_cpu(upload.message), logs, fault,
-                             bytes_down=self._last_broadcast_bytes)
+                             bytes_down=self._last_broadcast_bytes,
+                             norms=(norm, initial_norm(self._initial_norms, upload.params)))
         return upload, result
 
     def finetune_client(self, ctx: EvalContext, m: ClientModule) -> tuple[Upload, LocalResult]:
@@ -403,9 +437,9 @@ class Orchestrator:
         for r in results:
             for k, v in r.logs.items():
                 metrics[f"client/{r.cid}/{k}"] = v
-        if results:
-            for k in results[0].logs:
-                metrics[f"train/{k}"] = sum(r.logs.get(k, 0.0) for r in results) / len(results)
+        for k in dict.fromkeys(k for r in results for k in r.logs):  # a client without data logs nothing: not a 0
+            logged = [r.logs[k] for r in results if k in r.logs]
+            metrics[f"train/{k}"] = sum(logged) / len(logged)
         metrics["train/clients"] = float(len(results))
         return metrics
 
@@ -423,6 +457,7 @@ class Orchestrator:
             "stopped": self.stopped,
             "fingerprint": self.data.fingerprint(),
             "config": OmegaConf.to_container(self.cfg, resolve=True),  # resume refuses a config.yaml edited since
+            "diverged": None if self.diverged is None else self.diverged.as_dict(),
         }
         save_checkpoint(self.fabric, self.ckpt_path, state)
         self.store.checkpointed()
@@ -462,4 +497,5 @@ class Orchestrator:
             callback.load_state_dict(copy.deepcopy(saved))
         self._callback_states, self.stopped = self.callback_states(), state.get("stopped")
         self.history = list(state["history"])
+        self.diverged = Divergence(**state["diverged"]) if state.get("diverged") else None
         self.start_round = state["round"] + 1

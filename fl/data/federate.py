@@ -180,14 +180,19 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
     val_rng = _rng(seed, "client-val")
     off_keys = None if official is None else _keys(official, K)
     num_keys = int(max(keys.max(), -1 if off_keys is None else off_keys.max())) + 1
+    emptied: dict[int, str] = {}  # client -> what left it no training data
     for cid, part in enumerate(parts):
+        if not len(part):
+            emptied[cid] = ("data.drop_labels" if d.drop_labels is not None else
+                            f"data.partition.name={d.partition.name}")
         if d.test_split == "client":
             train_pos, test_pos = P.split_train_test(part, d.test_fraction, split_rng)
             test = source.subset(torch.from_numpy(test_pos))
+            if len(part) and not len(train_pos):
+                emptied[cid] = f"data.test_fraction={d.test_fraction:g}"
         else:
             train_pos, test_pos = part, None
-        fraction = d.train_fraction if d.client_train_fraction is None else float(
-            _per_client(d.client_train_fraction, d.num_clients, "data.client_train_fraction")[cid])
+        fraction = d.train_fraction if d.client_train_fraction is None else _fraction_of(d, cid)
         if not 0 < fraction <= 1:
             raise ConfigError(f"data.client_train_fraction[{cid}]={fraction:g} must be in (0, 1]: the share of client "
                               f"{cid}'s training set it keeps")
@@ -198,8 +203,11 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
             test = official.subset(torch.from_numpy(test_pos))
         val = None
         if d.val_fraction > 0:  # after the test mix is set, so the test sets do not depend on it
+            kept = len(train_pos)
             train_pos, val_pos = P.split_train_test(train_pos, d.val_fraction, val_rng)
             val = source.subset(torch.from_numpy(val_pos))
+            if kept and not len(train_pos):
+                emptied[cid] = f"data.val_fraction={d.val_fraction:g}"
         train = source.subset(torch.from_numpy(train_pos))
         dom = int(torch.mode(train.domain).values) if train.domain is not None else 0
         clients.append(ClientData(train, test, dom, val))
@@ -210,6 +218,12 @@ def federate(pool: Pool, d: DictConfig, seed: int) -> FederatedData:
     if new.count >= d.num_clients:
         raise ConfigError(f"data.new_clients.count={new.count} leaves no client to train; it must be < "
                           f"data.num_clients={d.num_clients}")
+    training = d.num_clients - new.count
+    if all(cid in emptied for cid in range(training)):  # nothing would train: a StopIteration, or a silent no-op run
+        causes = " and ".join(sorted({emptied[cid] for cid in range(training)}))
+        raise ConfigError(f"{causes} leaves all {training} training clients with no training data (the largest "
+                          f"client holds {max(len(p) for p in parts)} samples); lower it or give the clients more "
+                          "samples")
     if new.corruption != "none":  # Table 4: every image of the new clients, train and test alike
         for cid in range(d.num_clients - new.count, d.num_clients):
             c = clients[cid]
@@ -244,6 +258,16 @@ def _check_label_lists(d: DictConfig, num_classes: int) -> None:
             raise ConfigError(f"{key}={labels} holds {bad[0]!r}, not a label of {d.name!r} (0..{num_classes - 1})")
         if len(set(labels)) >= num_classes:
             raise ConfigError(f"{key} drops all {num_classes} labels; at least one must stay")
+
+
+def _fraction_of(d: DictConfig, cid: int) -> float:
+    """Client cid's entry of data.client_train_fraction, as a number."""
+    value = _per_client(d.client_train_fraction, d.num_clients, "data.client_train_fraction")[cid]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"data.client_train_fraction[{cid}]={value!r} is not a number; give one share in (0, 1] "
+                          "per client, e.g. [0.5, 1.0, ...]") from None
 
 
 def _per_client(values, num_clients: int, key: str) -> list:

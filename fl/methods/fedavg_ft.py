@@ -24,6 +24,8 @@ def _resolve(cfg) -> None:
 
 
 class FedAvgFTClient(ClientModule):
+    finetunes_for_evaluation = True
+
     def personalize(self) -> None:
         if self.hp.finetune_epochs > 0:
             optimizer = self.fabric.setup_optimizers(build_optimizer(self.cfg, self.parameters(),

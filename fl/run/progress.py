@@ -78,6 +78,9 @@ def format_summary(summary: dict) -> str:
         sel = summary["at_best_val"]
         picked = " ".join(f"{k}={v:.4f}" for k, v in sel.items() if k.startswith("test/target"))
         lines.append(f"selected by val/target_acc (round {sel['round']}): {picked}")
+    if "diverged" in summary:  # trainer.on_divergence=warn: the numbers above come from a diverged run
+        d = summary["diverged"]
+        lines.append(f"DIVERGED at client {d['client']}, round {d['round']}: {d['reason']}")
     recent = summary.get(last_key, {})
     per_round = [f"time {recent[TIME_KEY]:.2f} s"] if TIME_KEY in recent else []
     if COMM_KEYS[0] in recent and COMM_KEYS[1] in recent:

@@ -1,8 +1,9 @@
 """`python -m fl.train [conf=NAME] [key=value ...]`: config -> data -> Fabric -> run directory -> the loop ->
 summary.
 
-Exit codes: 0 done, 1 a training fault (non-finite loss), 2 bad configuration or data (nothing written),
-130 interrupted (a checkpoint of the last completed round was written; continue with resume=<run dir>).
+Exit codes: 0 done, 1 a training fault (a non-finite loss, or a divergence under trainer.on_divergence=stop: then
+summary.json marks the run), 2 bad configuration or data (nothing written), 130 interrupted (a checkpoint of the last
+completed round was written; continue with resume=<run dir>).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
 from fl.core.callbacks import CallbackError, make_callbacks
 from fl.core.exchange import gather_objects
+from fl.core.loop import Diverged
 from fl.core.state import (
                            CHECKPOINT_NAMES,
                            StateDirInUse,
@@ -33,6 +35,7 @@ from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
 from fl.run.cli_help import USAGE, list_items, method_help
 from fl.run.determinism import deterministic_algorithms
+from fl.run.preflight import print_client_notes
 from fl.run.progress import RoundProgress, format_summary, round_label
 from fl.run.run_dir import RUN_DIR_ENV, launched_run_dir, log_partition, planned_run_dir, prepare_run_dir, write_summary
 
@@ -85,9 +88,18 @@ def resume_point(cfg: DictConfig, data) -> tuple[Path, dict, list[str]] | None:
     against the run's config.yaml and data; None when the run stopped before its first checkpoint."""
     if not cfg.resume:
         return None
-    path, state, skipped = latest_checkpoint(Path(cfg.resume) / "checkpoints")
+    run_dir = Path(cfg.resume)
+    refuse_blocked_checkpoint_paths(run_dir / "checkpoints")
+    path, state, skipped = latest_checkpoint(run_dir / "checkpoints")
     if path is None:
+        if (run_dir / "summary.json").is_file():  # finished (or stopped diverged): never retrain it from round 0
+            raise CheckpointError(f"resume={cfg.resume}: the run has ended (it has summary.json) and "
+                                  f"{run_dir / 'checkpoints'} holds no checkpoint to continue from; start a new run")
         return None
+    trained_for = state.get("config", {}).get("trainer", {}).get("rounds")
+    if trained_for is not None and cfg.trainer.rounds < trained_for:
+        raise ConfigError(f"resume: trainer.rounds={cfg.trainer.rounds} is below the run's {trained_for} ({path.name} "
+                          f"holds round {state['round']}); rounds may only grow or stay: trainer.rounds>={trained_for}")
     changed = config_diff(state["config"], cfg) if "config" in state else []
     if changed:
         key, old, new = changed[0]
@@ -97,6 +109,17 @@ def resume_point(cfg: DictConfig, data) -> tuple[Path, dict, list[str]] | None:
     if state["fingerprint"] != data.fingerprint():
         raise CheckpointError(f"{path} was written for another data split than this config's")
     return path, state, skipped
+
+
+def refuse_blocked_checkpoint_paths(ckpt_dir: Path) -> None:
+    """A checkpoint path taken by something else than a file (a directory named last.ckpt) would be found only when
+    the first checkpoint is written, after the resumed rounds are trained: refuse it now."""
+    if ckpt_dir.exists() and not ckpt_dir.is_dir():
+        raise CheckpointError(f"{ckpt_dir} is a file, not the run's checkpoint folder; move it away")
+    for name in (*CHECKPOINT_NAMES, CHECKPOINT_NAMES[0] + ".tmp"):
+        path = ckpt_dir / name
+        if path.exists() and not path.is_file():
+            raise CheckpointError(f"{path} is not a checkpoint file (a directory?); move it away, then resume")
 
 
 def resume_on_every_node(fabric: Fabric, cfg: DictConfig, resume):
@@ -139,6 +162,19 @@ def restore_with_fallback(fabric: Fabric, cfg: DictConfig, orch, resume):
         raise StateStoreError(f"{first}; {candidate[0].name} names it too" if same else
                               f"{first}; nor from {candidate[0].name}: {err}") from None
     return candidate[0], candidate[1], [*skipped, str(first)]
+
+
+def run_summary(cfg: DictConfig, data, run_dir: Path, history: list[dict], diverged, stopped) -> dict:
+    """summary.json's content: the history's summaries, what ran, `stopped` (round, reason; None when the run went to
+    its last round) and `diverged` (round, client, method, reason) when the run diverged (trainer.on_divergence),
+    absent when it did not."""
+    summary = summarize_history(history, cfg.trainer.last_k)
+    summary.update({"method": cfg.method.name, "headline": METHODS[cfg.method.name].headline,
+                    "dataset": cfg.data.name, "seed": int(cfg.seed), "rounds": int(cfg.trainer.rounds),
+                    "stopped": stopped, "partition_fingerprint": data.fingerprint(), "run_dir": str(run_dir)})
+    if diverged is not None:
+        summary["diverged"] = diverged.as_dict()
+    return summary
 
 
 def make_fabric(cfg: DictConfig, callbacks: list, loggers: list) -> Fabric:
@@ -228,6 +264,7 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
     from fl.run.loggers import JsonlLogger, make_wandb_logger
 
     cleanup.enter_context(deterministic_algorithms(cfg.fabric.deterministic))  # before the first cuBLAS call
+    print_client_notes(cfg, data)
     run_dir = prepare_run_dir(cfg, named)
     jsonl = JsonlLogger(run_dir / "metrics.jsonl")
     wandb_logger = make_wandb_logger(cfg, run_dir, run_dir.name,
@@ -277,6 +314,11 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
     except TrainingFault as err:
         kept = (f"the last good checkpoint is {orch.ckpt_path}" if orch.ckpt_path.is_file() else
                 "no checkpoint was written yet")
+        if isinstance(err, Diverged) and fabric.is_global_zero:  # a finished run, marked: sweeps do not rerun it
+            write_summary(run_dir, run_summary(cfg, data, run_dir, orch.history, err.where))
+            kept += f"; {run_dir / 'summary.json'} marks the run as diverged" + (
+                f" (to train on regardless: python -m fl.train resume={run_dir} trainer.on_divergence=warn)"
+                if orch.ckpt_path.is_file() else "")
         return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1  # one message, not one per process
     except CallbackError as err:  # found at the first evaluation, e.g. an early-stopping metric the run lacks
         return _fail(f"{err} (run directory {run_dir})", 2) if fabric.is_global_zero else 2
@@ -290,16 +332,12 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
         if orch.stopped is not None:
             print(f"stopped after {round_label(orch.stopped['round'], cfg.trainer.rounds)}: {orch.stopped['reason']}",
                   file=sys.stderr)
-        summary = summarize_history(history, cfg.trainer.last_k)
-        summary.update({"method": cfg.method.name, "headline": METHODS[cfg.method.name].headline,
-                        "dataset": cfg.data.name, "seed": int(cfg.seed), "rounds": int(cfg.trainer.rounds),
-                        "stopped": orch.stopped, "partition_fingerprint": data.fingerprint(),
-                        "run_dir": str(run_dir)})
+        summary = run_summary(cfg, data, run_dir, history, orch.diverged, orch.stopped)
         write_summary(run_dir, summary)
         if wandb_logger is not None:
             wandb_logger.experiment.summary.update({f"{kind}/{k}": v for kind in ("final", "best")
                                                     for k, v in summary[kind].items()})
-            wandb_logger.experiment.summary.update({"headline": summary["headline"]})
+            wandb_logger.experiment.summary.update({k: summary[k] for k in ("headline", "diverged") if k in summary})
             wandb_logger.log_checkpoint(orch.ckpt_path)
             wandb_logger.experiment.finish()
         print(format_summary(summary))

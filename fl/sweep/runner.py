@@ -49,7 +49,13 @@ class Job:
 
     @property
     def finished(self) -> bool:
+        """summary.json is written at the end, and when a run stops because it diverged: rerunning it would
+        diverge again."""
         return (self.run_dir / "summary.json").is_file()
+
+    @property
+    def diverged(self) -> bool:
+        return self.finished and "diverged" in json.loads((self.run_dir / "summary.json").read_text())
 
 
 def point_id(index: int, point: dict) -> str:
@@ -136,8 +142,9 @@ def test_counterpart(metric: Optional[str]) -> Optional[str]:
 
 def _metric_value(job: Job, metric: Optional[str]) -> Optional[float]:
     """The value W&B's sweep reads: the run's last logged value of the metric (summary.json's final; a run finished
-    before a metric was renamed is read under its new name)."""
-    if metric is None or not job.finished:
+    before a metric was renamed is read under its new name); None for a run that diverged (trainer.on_divergence): its
+    last value is not a result."""
+    if metric is None or not job.finished or job.diverged:
         return None
     return current_names(json.loads((job.run_dir / "summary.json").read_text())["final"]).get(metric)
 
@@ -148,6 +155,7 @@ def results(sweep: Sweep, jobs: list[Job]) -> list[dict]:
         entry = by_point.setdefault(job.point_id, {"point": job.point_id, "params": job.point, "values": [],
                                                    "test_values": [], "runs": []})
         entry["runs"].append(str(job.run_dir))
+        entry.setdefault("diverged", []).extend([str(job.run_dir)] if job.diverged else [])
         for key, metric in (("values", sweep.metric), ("test_values", test_counterpart(sweep.metric))):
             value = _metric_value(job, metric)
             if value is not None:
@@ -181,11 +189,12 @@ def print_results(sweep: Sweep, table: list[dict], seeds: list) -> None:
 
     for e in table:
         params = " ".join(point_args(e["params"])) or "(no parameters)"
+        diverged = f"  ({len(e['diverged'])} diverged, left out)" if e.get("diverged") else ""
         if e["mean"] is None:
-            print(f"  {e['point']:<40} {params:<40} no finished run")
+            print(f"  {e['point']:<40} {params:<40} no finished run" + (diverged and " that did not diverge"))
         else:
             print(f"  {e['point']:<40} {params:<40} {e['mean']:.4f} ± {e['std']:.4f}  (n={len(e['values'])})"
-                  + beside(e))
+                  + beside(e) + diverged)
     best = best_point(sweep, table)
     if best is not None:
         print(f"best: {' '.join(point_args(best['params']))}  {sweep.metric}={best['mean']:.4f} ± {best['std']:.4f}"

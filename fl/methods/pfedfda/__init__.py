@@ -53,6 +53,14 @@ class PFedFDAConfig(MethodConfig):
     full_last_round: bool = param(True, help="every client takes part in the last round")
 
 
+# How each covariance regularisation can collapse the heads, for the warning: the setting that is in use is named.
+COLLAPSE_CAUSES = {
+    "code": "its added identity can dwarf features of a small scale",
+    "paper": "its cov_eps*I leaves the covariance of a few samples near-singular, so the heads' weights Sigma^-1 mu "
+             "can grow by orders of magnitude",
+}
+
+
 @float32_island
 def lda_logits(z: Tensor, W: Tensor, b: Tensor) -> Tensor:
     """The LDA head z W^T + b in float32 under mixed precision: b = -1/2 mu Sigma^-1 mu + log pi cancels most of
@@ -180,8 +188,8 @@ class PFedFDAClient(ClientModule):
         logs = {"beta_eval": r.beta_mu}  # the beta this client's evaluated head used
         if self.hp.beta_mode == "separate":
             logs["beta_cov_eval"] = r.beta_cov
-        # a head that puts every one of the client's (multi-class) training samples in one class has collapsed,
-        # e.g. when cov_reg=code's added identity dwarfs features of a small scale
+        # a head that puts every one of the client's (multi-class) training samples in one class has collapsed
+        # (COLLAPSE_CAUSES: either regularisation can do it)
         with torch.no_grad():
             preds = self.head_logits(z.to(self.model.head.weight.dtype)).argmax(1)
         logs["head_collapsed"] = float(len(torch.unique(y)) > 1 and len(torch.unique(preds)) == 1)
@@ -239,8 +247,7 @@ class PFedFDAServer(Server):
         if collapsed and ctx.fabric.is_global_zero:
             warnings.warn(f"pFedFDA, round {ctx.round + 1}: {int(collapsed)} of {self.data.num_clients} personal heads "
                           f"predict one class for all of their client's training samples (method.cov_reg="
-                          f"{self.hp.cov_reg}; with 'code' the added identity can dwarf small-scale features)",
-                          stacklevel=1)
+                          f"{self.hp.cov_reg}: {COLLAPSE_CAUSES[self.hp.cov_reg]})", stacklevel=1)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "mu": self.mu.cpu(), "cov": self.cov.cpu()}
