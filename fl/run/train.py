@@ -315,7 +315,7 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
         kept = (f"the last good checkpoint is {orch.ckpt_path}" if orch.ckpt_path.is_file() else
                 "no checkpoint was written yet")
         if isinstance(err, Diverged) and fabric.is_global_zero:  # a finished run, marked: sweeps do not rerun it
-            write_summary(run_dir, run_summary(cfg, data, run_dir, orch.history, err.where))
+            write_summary(run_dir, run_summary(cfg, data, run_dir, orch.history, err.where, orch.stopped))
             kept += f"; {run_dir / 'summary.json'} marks the run as diverged" + (
                 f" (to train on regardless: python -m fl.train resume={run_dir} trainer.on_divergence=warn)"
                 if orch.ckpt_path.is_file() else "")
