@@ -4,13 +4,13 @@ global model, client states and metrics within float32 reduction order, with une
 sequential loop with a one-line notice."""
 import pytest
 import torch
-import torch.nn.functional as F
 from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import fl.core.parallel as parallel
 from fl.config import load_config
+from fl.core.registry import METHODS, load_plugins
 from tests.helpers import (
     assert_same_rows,
     client_states,
@@ -99,6 +99,48 @@ def test_opted_in_methods_k_clients_at_once_equal_the_sequential_loop(out, vmapp
     assert set(vmapped_groups) == {4, 2, 6}
 
 
+def opted_in() -> list[str]:
+    """The methods whose client class declares its loss functional, from the registry (a new one is tested too)."""
+    load_plugins()
+    return sorted(name for name, spec in METHODS.items() if vars(spec.client_cls).get("functional", False))
+
+
+@pytest.mark.parametrize("method", opted_in())
+def test_an_opted_in_method_writes_its_loss_once_for_both_loops(out, vmapped_groups, monkeypatch, method):
+    # the sequential loop's training_step and the vmapped step call the same client_loss, once per local step:
+    # 3 clients one at a time take 9 steps (no row mask), the 3 at once take 3 vmapped steps (masked)
+    extra = (f"method.name={method}", "trainer.rounds=1", "trainer.local_steps=3", "optim.momentum=0.9")
+    if method == "fedpals":
+        extra += ("data.target.distribution=partition",)
+    if "head_steps" in METHODS[method].config_cls.__dataclass_fields__:  # FedRep's clients (FedRep, ConFREE)
+        extra += ("method.head_steps=1",)
+    cls, calls = METHODS[method].client_cls, []
+    loss = cls.client_loss
+
+    def counted(self, forward, params, inputs, batch, mask=None):
+        calls.append("sequential" if mask is None else "vmapped")
+        return loss(self, forward, params, inputs, batch, mask)
+
+    monkeypatch.setattr(cls, "client_loss", counted)
+    run_tiny(out, *extra, name="sequential")
+    assert calls == ["sequential"] * 9
+    calls.clear()
+    run_tiny(out, *extra, "trainer.parallel_clients=4", name="k4")
+    assert vmapped_groups == [3]
+    assert calls == ["vmapped"] * 3
+
+
+def test_fedprox_with_mu_0_equals_fedavg_on_the_vmapped_path(out, vmapped_groups):
+    extra = (*UNEQUAL, *OPTIMIZERS["momentum"], "trainer.parallel_clients=4")
+    fedavg = run_tiny(out, *extra, name="fedavg")
+    runs = {mu: run_tiny(out, *extra, "method.name=fedprox", f"method.mu={mu}", name=f"mu{mu}") for mu in (0, 0.1)}
+    assert set(vmapped_groups) == {4, 2}
+    assert read_metrics(runs[0]) == read_metrics(fedavg)  # bitwise: the same cross-entropy, the same steps
+    ga, g0, g1 = global_params(fedavg), global_params(runs[0]), global_params(runs[0.1])
+    assert all(torch.equal(g0[k], v) for k, v in ga.items())
+    assert not all(torch.equal(g1[k], v) for k, v in ga.items())  # and the proximal term acts on this path
+
+
 def test_bf16_k_clients_at_once_equal_the_sequential_loop_within_bf16_rounding(out, vmapped_groups):
     # bf16 keeps 8 significant bits and the vmapped convolution rounds at other points than the sequential one
     # (functorch adds a batched bias after the convolution), so the two agree as closely as bf16 agrees with float32,
@@ -116,15 +158,16 @@ def test_bf16_k_clients_at_once_equal_the_sequential_loop_within_bf16_rounding(o
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_the_vmapped_bf16_step_computes_the_sequential_bf16_logits(out, monkeypatch, compiled):
-    from fl.core.client import masked_mean
+    from fl.core.client import cross_entropy
     from fl.methods.fedavg import FedAvgClient
     from tests.helpers import orchestrator
 
-    def with_logits(self, forward, params, inputs, x, y, mask):  # FedAvg's step, returning its logits too
+    def with_logits(self, forward, params, inputs, batch, mask=None):  # FedAvg's loss, returning its logits too
+        x, y = batch
         logits = forward(x)
-        return {"loss": masked_mean(F.cross_entropy(logits, y, reduction="none"), mask), "logits": logits.detach()}
+        return {"loss": cross_entropy(logits, y, mask), "logits": logits.detach()}
 
-    monkeypatch.setattr(FedAvgClient, "functional_step", with_logits)
+    monkeypatch.setattr(FedAvgClient, "client_loss", with_logits)
     cfg = load_config(tiny(out, "fabric.precision=bf16-mixed", "trainer.parallel_clients=2",
                            f"trainer.compile={str(compiled).lower()}"))
     orch = orchestrator(cfg, out / "run")

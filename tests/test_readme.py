@@ -1,21 +1,51 @@
-"""The README's "Adding a method" example is code that works: registered under a test name, it runs, and its
-persistent attribute is kept per client across rounds."""
+"""The README's "Adding a method" example is code that works: registered under a test name, it runs, its
+persistent attribute is kept per client across rounds, and K clients at once give its sequential run."""
 import re
 from pathlib import Path
 
+import torch
+
 from fl.core import sample_clients
-from tests.helpers import load_ckpt, read_metrics, run_tiny
+from tests.helpers import assert_same_rows, global_params, load_ckpt, read_metrics, run_tiny
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def test_the_add_a_method_example_registers_and_runs(out):
+def register_example(name: str) -> None:
+    """The README's "Adding a method" example, registered as method `name`."""
     section = README.read_text().split("## Adding a method", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    exec(compile(code.replace('"mymethod"', '"readme_example"'), "README.md", "exec"), {})
+    exec(compile(code.replace('"mymethod"', f'"{name}"'), "README.md", "exec"), {})
+
+
+def test_the_add_a_method_example_registers_and_runs(out):
+    register_example("readme_example")
     run_dir = run_tiny(out, "method.name=readme_example", "method.server_lr=0.5", name="readme")
     rows = read_metrics(run_dir)
     assert all(f"client/{c}/ce" in rows[0] for c in sample_clients(0, 0, 6, 0.5))
     visits = {c: sum(c in sample_clients(0, r, 6, 0.5) for r in range(3)) for c in range(6)}
     clients = load_ckpt(run_dir)["clients"]
     assert {c: s["visits"] for c, s in clients.items()} == {c: v for c, v in visits.items() if v}
+
+
+def test_the_example_trains_k_clients_at_once_as_one_at_a_time(out, monkeypatch):
+    # it opts in (functional = True): its one client_loss serves the vmapped step, which must then give the same run
+    import fl.core.parallel as parallel
+
+    groups, train = [], parallel.ParallelClients.train
+
+    def counted(self, rnd, cids, load):
+        groups.append(len(cids))
+        return train(self, rnd, cids, load)
+
+    monkeypatch.setattr(parallel.ParallelClients, "train", counted)
+    register_example("readme_example_k")
+    extra = ("method.name=readme_example_k", "method.server_lr=0.5", "optim.momentum=0.9")
+    sequential = run_tiny(out, *extra, name="sequential")
+    assert groups == []
+    vmapped = run_tiny(out, *extra, "trainer.parallel_clients=4", name="k4")
+    assert groups == [3, 3, 3]  # every round's 3 clients at once
+    assert_same_rows(read_metrics(sequential), read_metrics(vmapped), abs=1e-5)
+    ga, gb = global_params(sequential), global_params(vmapped)
+    for name, value in ga.items():
+        torch.testing.assert_close(gb[name], value, rtol=0, atol=1e-5)

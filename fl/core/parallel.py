@@ -8,13 +8,15 @@ its loss. The optimizers (SGD with momentum and weight decay, Adam, AdamW) are w
 update rules, per client, so K clients at once equal K clients one after another up to float reduction order.
 
 A method opts in by setting `functional = True` in its ClientModule class (not inherited: a subclass that changes
-the loss opts in itself) and, when its loss is not cross-entropy, writing `functional_step` (and `functional_inputs`
-for the per-client tensors it reads). `on_local_train_start` runs before and `functional_train_end(steps)` after
-the vmapped training; epoch-end hooks are not called. `functional_step` is traced by torch.compile
-(`trainer.compile`): it reads hyperparameters as plain Python numbers set in `__init__`, never through the OmegaConf
-config (a config read breaks the graph and the step runs uncompiled).
+the loss opts in itself). Its loss is the one its `training_step` computes, `client_loss(forward, params, inputs,
+batch, mask)`: here `forward` is one client's model as a function of its parameters (functional_call), `inputs`
+are what `loss_inputs()` returned for the client (stacked too), `mask` weighs the padded rows 0, and the gradient is
+taken of its 'objective' entry if it has one, else of 'loss'. `on_local_train_start` runs before and
+`functional_train_end(steps)` after the vmapped training; epoch-end hooks are not called. `client_loss` is traced by
+torch.compile (`trainer.compile`): it reads hyperparameters as plain Python numbers set in `__init__`, never through
+the OmegaConf config (a config read breaks the graph and the step runs uncompiled).
 
-Under `fabric.precision=bf16-mixed` the forward (`functional_step`) runs in the same autocast as the sequential
+Under `fabric.precision=bf16-mixed` the forward (`client_loss`) runs in the same autocast as the sequential
 loop's `training_step`, and the gradient is taken outside it, as `fabric.backward` takes it there. 16-mixed stays
 sequential: each client's loss scale grows, shrinks and skips steps on its own gradients' overflow (a GradScaler
 state per client), which this vmapped step does not implement.
@@ -80,7 +82,8 @@ class ParallelClients:
 
         def loss(p, b, inputs, x, y, w):
             with torch.autocast(device, dtype=dtype, enabled=dtype is not None):  # the forward only, as in fit_local
-                out = module.functional_step(lambda xb: functional_call(module, {**p, **b}, (xb,)), p, inputs, x, y, w)
+                out = module.client_loss(lambda xb: functional_call(module, {**p, **b}, (xb,)), p, inputs, (x, y), w)
+            out = dict(out) if isinstance(out, dict) else {"loss": out}
             return out.pop("objective", out["loss"]), out
 
         # one client's gradient, vmapped over the leading client axis of every argument
@@ -130,7 +133,7 @@ class ParallelClients:
             m.on_local_train_start()
             starts.append({n: p.detach().clone() for n, p in m.named_parameters() if n in self.names})
             buffers.append({n: b.detach().clone() for n, b in m.named_buffers()})
-            inputs.append(m.functional_inputs())
+            inputs.append(m.loss_inputs())
             schedules.append(self._schedule(rnd, cid))
         if self.fixed_shape:  # padding clients: the first one's tensors, no steps (masked throughout, then dropped)
             padding = self.fixed_shape[0] - len(cids)

@@ -12,7 +12,7 @@ class FedAvgConfig(MethodConfig):
 
 class FedAvgClient(ClientModule):
     """Cross-entropy on the client's data; everything is shared (the base-class defaults)."""
-    functional = True  # its step is the default functional_step: K clients can train at once
+    functional = True  # its loss is the base client_loss (cross-entropy): K clients can train at once
 
 
 register_method("fedavg", FedAvgConfig, FedAvgClient, Server)

@@ -12,7 +12,7 @@ class FedPerConfig(MethodConfig):
 
 class FedPerClient(ClientModule):
     has_global_model = False  # the shared backbone has no head of its own
-    functional = True  # cross-entropy: the default functional_step
+    functional = True  # cross-entropy: the base client_loss, for one client or K at once
 
     def is_private(self, key: str) -> bool:
         return key.startswith(HEAD)

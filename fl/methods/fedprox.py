@@ -2,11 +2,10 @@
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, register_method
-from fl.core.client import masked_mean
+from fl.core.client import cross_entropy
 
 
 @dataclass
@@ -17,7 +16,7 @@ class FedProxConfig(MethodConfig):
 
 
 class FedProxClient(ClientModule):
-    functional = True
+    functional = True  # trainer.parallel_clients differentiates the same client_loss, vmapped over clients
 
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
@@ -25,23 +24,21 @@ class FedProxClient(ClientModule):
 
     def on_local_train_start(self) -> None:
         # the global model received this round; the anchor of the proximal term
-        self.anchor = [p.detach().clone() for p in self.parameters()]
+        self.anchor = {k: p.detach().clone() for k, p in self.named_parameters()}
 
-    def training_step(self, batch, batch_idx):
+    def training_step(self, batch, batch_idx):  # the client loss: Eq. (2) on this client's parameters and anchor
+        return self.client_loss(self, self.parameters_by_name(), self.loss_inputs(), batch)
+
+    def loss_inputs(self):
+        return {"anchor": self.anchor}
+
+    def client_loss(self, forward, params, inputs, batch, mask=None):
+        """h_k(w; w^t) = F_k(w) + (mu/2) ||w - w^t||^2, the local objective of Li et al. (2020), Eq. (2): F_k the
+        cross-entropy on the batch, w^t the anchor. One definition for training_step and the vmapped step."""
         x, y = batch
-        ce = F.cross_entropy(self(x), y)
+        ce = cross_entropy(forward(x), y, mask)
         if self.mu == 0:  # plain FedAvg step; skips a pass over the parameters
             return ce
-        prox = sum(torch.sum((p - a) ** 2) for p, a in zip(self.parameters(), self.anchor))
-        return {"loss": ce + 0.5 * self.mu * prox, "ce": ce.detach(), "prox": prox.detach()}
-
-    def functional_inputs(self):
-        return {"anchor": {k: a for (k, _), a in zip(self.named_parameters(), self.anchor)}}
-
-    def functional_step(self, forward, params, inputs, x, y, mask):
-        ce = masked_mean(F.cross_entropy(forward(x), y, reduction="none"), mask)
-        if self.mu == 0:
-            return {"loss": ce}
         prox = sum(torch.sum((params[k] - a) ** 2) for k, a in inputs["anchor"].items())
         return {"loss": ce + 0.5 * self.mu * prox, "ce": ce.detach(), "prox": prox.detach()}
 

@@ -27,21 +27,25 @@ class FedRepConfig(MethodConfig):
 
 class FedRepClient(ClientModule):
     has_global_model = False  # the averaged representation has no head of its own
-    functional = True  # trainer.parallel_clients: cross-entropy, with `trains` freezing one part per step
+    functional = True  # trainer.parallel_clients: the same client_loss, with `trains` freezing one part per step
 
     def is_private(self, key: str) -> bool:
         return key.startswith(HEAD)
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
+        # the client loss (cross-entropy, the base client_loss) through a model whose frozen part gets no gradient;
+        # the vmapped loop differentiates the same loss and leaves the frozen part out of the step (`trains`)
+        forward = self.head_only if batch_idx < self.hp.head_steps else self.representation_only
+        return self.client_loss(forward, self.parameters_by_name(), self.loss_inputs(), batch)
+
+    def head_only(self, x):  # head update: the representation gets no gradient
+        with torch.no_grad():
+            features = self.model.backbone(x)
+        return self.model.head(features)
+
+    def representation_only(self, x):  # representation update: the head is a constant, so it gets no gradient
         head = self.model.head
-        if batch_idx < self.hp.head_steps:  # head update: the representation gets no gradient
-            with torch.no_grad():
-                features = self.model.backbone(x)
-            logits = head(features)
-        else:  # representation update: the head is a constant, so its parameters get no gradient
-            logits = F.linear(self.model.backbone(x), head.weight.detach(), head.bias.detach())
-        return F.cross_entropy(logits, y)
+        return F.linear(self.model.backbone(x), head.weight.detach(), head.bias.detach())
 
     def trains(self, name: str, step: int) -> bool:  # the head first, then the representation (Algorithm 1)
         return name.startswith(HEAD) == (step < self.hp.head_steps)

@@ -19,7 +19,7 @@ class LGFedAvgConfig(MethodConfig):
 
 class LGFedAvgClient(ClientModule):
     has_global_model = False  # the global head has no body of its own
-    functional = True  # cross-entropy: the default functional_step
+    functional = True  # cross-entropy: the base client_loss, for one client or K at once
 
     def is_private(self, key: str) -> bool:
         return not key.startswith(HEAD)  # the local representation layers

@@ -13,7 +13,7 @@ class LocalConfig(MethodConfig):
 
 class LocalClient(ClientModule):
     has_global_model = False
-    functional = True  # cross-entropy: the default functional_step
+    functional = True  # cross-entropy: the base client_loss, for one client or K at once
 
     def is_private(self, key: str) -> bool:
         return True  # the whole model stays on the client

@@ -12,8 +12,9 @@ Algorithm 1 of the paper, with option II for the client control variate:
 How it maps onto this framework:
 - The broadcast payload carries x ("params") and c ("c"). c_i is a persistent client attribute (kept in
   the state store); a client that was never sampled has c_i = 0.
-- The correction uses manual optimization: backward of the client loss, then (c - c_i) is added to the
-  .grad of every controlled parameter before `opt.step()`. K is the number of steps actually taken
+- The corrected step is a step on the gradient of the objective ce(y) + <c - c_i, y> (`client_loss`, the same
+  function for the sequential loop and `trainer.parallel_clients`), which is g_i(y) + c - c_i on every controlled
+  parameter; manual optimization counts the steps. K is the number of steps actually taken
   (`trainer.local_steps`, or the batches of `trainer.local_epochs` passes) and lr is the round's learning
   rate (`optim.lr`, or its `optim.round_schedule` value).
   Option II assumes plain SGD; with momentum or Adam the same correction is added to the gradient and
@@ -34,12 +35,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, Upload, loss_scaler, register_method
-from fl.core.client import masked_mean
+from fl.core.client import cross_entropy
 
 
 @dataclass
@@ -95,32 +95,29 @@ class ScaffoldClient(ClientModule):
         self._skipped = torch.zeros((), device=self.device)  # steps the loss scaler skipped, counted on the device
 
     def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)  # the client loss: cross-entropy
+        out = self.client_loss(self, self.parameters_by_name(), self.loss_inputs(), batch)
         opt = self.optimizers()
         opt.zero_grad()
-        self.manual_backward(loss)
+        # the gradient of the objective is g_i(y) + c - c_i; under 16-mixed the backward scales the whole objective,
+        # so the correction carries the loss scale as the gradients do, and opt.step unscales both
+        self.manual_backward(out["objective"])
         scaler = loss_scaler(self.fabric)
-        # grads carry the loss scale until opt.step unscales them, so must the correction (scaler.scale: no sync)
-        scale = scaler.scale(torch.ones((), device=self._skipped.device)) if scaler is not None else None
-        with torch.no_grad():
-            for k, p in self._controlled():  # g(y) + c - c_i
-                correction = self._correction[k] if scale is None else self._correction[k] * scale
-                if p.grad is None:
-                    p.grad = correction
-                else:
-                    p.grad.add_(correction)
+        scale = scaler.scale(torch.ones((), device=self._skipped.device)) if scaler is not None else None  # no sync
         opt.step()
         self._steps += 1
         if scale is not None:  # a step with non-finite gradients is skipped and lowers the scale: not counted in K
             self._skipped += scaler.scale(torch.ones_like(scale)) < scale
-        return {"loss": loss.detach()}
+        return {"loss": out["loss"].detach()}
 
-    def functional_inputs(self):
+    def loss_inputs(self):
         return {"correction": self._correction}
 
-    def functional_step(self, forward, params, inputs, x, y, mask):
-        # the gradient of ce + <c - c_i, y> is g_i(y) + c - c_i: Algorithm 1's corrected step
-        ce = masked_mean(F.cross_entropy(forward(x), y, reduction="none"), mask)
+    def client_loss(self, forward, params, inputs, batch, mask=None):
+        """Algorithm 1's corrected local step y <- y - lr (g_i(y) + c - c_i), g_i the gradient of the client's
+        cross-entropy, is a step on the gradient of the objective ce(y) + <c - c_i, y>; 'loss' (logged) is the
+        cross-entropy alone. One definition for training_step and the vmapped step."""
+        x, y = batch
+        ce = cross_entropy(forward(x), y, mask)
         drift = sum(torch.sum(c * params[k]) for k, c in inputs["correction"].items())
         return {"loss": ce, "objective": ce + drift}
 
