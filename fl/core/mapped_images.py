@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import mmap
 import threading
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -19,8 +20,9 @@ RELEASE_BYTES = 256 << 20
 
 
 class ImageMap:
-    """uint8 images [N, *shape[1:]] stored raw (C order) from byte `offset` of `path`, mapped copy-on-write: the
-    process can never change the file, and a stray in-place write would only touch a private page."""
+    """uint8 images [N, *shape[1:]] stored raw (C order) from byte `offset` of `path`, mapped read-only and shared
+    (a private writable map of a file larger than memory is refused by the kernel's overcommit check). Nothing writes
+    into a split's images in place (a transform makes a copy); a write would fault rather than change the file."""
 
     def __init__(self, path: Path, shape: tuple[int, ...], offset: int = 0):
         self.path, self.shape, self.offset = Path(path), tuple(int(s) for s in shape), int(offset)
@@ -30,8 +32,11 @@ class ImageMap:
             self.tensor = torch.empty(self.shape, dtype=torch.uint8)
         else:
             with open(self.path, "rb") as f:
-                self._map = mmap.mmap(f.fileno(), self.offset + n, access=mmap.ACCESS_COPY)
-            self.tensor = torch.frombuffer(self._map, dtype=torch.uint8, count=n, offset=self.offset).view(self.shape)
+                self._map = mmap.mmap(f.fileno(), self.offset + n, access=mmap.ACCESS_READ)
+            with warnings.catch_warnings():  # "not writable": by design, see above
+                warnings.filterwarnings("ignore", message="The given buffer is not writable")
+                self.tensor = torch.frombuffer(self._map, dtype=torch.uint8, count=n, offset=self.offset)
+            self.tensor = self.tensor.view(self.shape)
         self._read = 0
         self._lock = threading.Lock()  # gathers come from the training thread and the prefetching one
 
