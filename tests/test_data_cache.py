@@ -173,6 +173,24 @@ def test_a_mapped_split_subsets_joins_and_gathers_as_a_tensor_split_does(tmp_pat
     assert not torch.is_tensor(a.x) and a.x.extrema() == (int(b.x.min()), int(b.x.max()))  # read in pieces
 
 
+def test_a_mapped_batch_for_a_gpu_is_read_into_pinned_memory(tmp_path, monkeypatch):
+    """No GPU here: the allocation's pinning is recorded and the copy to the device is left out."""
+    mapped, memory = mapped_and_tensor(tmp_path)
+    pinned, empty = [], torch.empty
+
+    def recording_empty(*args, pin_memory=False, **kwargs):
+        pinned.append(pin_memory)
+        return empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", recording_empty)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: self)
+    idx = torch.tensor([3, 0, 3])
+    assert torch.equal(rows_to(mapped.x, idx, torch.device("cuda")), memory.x[idx]) and pinned == [True]
+    assert torch.equal(rows_to(mapped.x, idx, torch.device("cpu")), memory.x[idx]) and pinned == [True, False]
+    with pytest.raises(IndexError):
+        mapped.x.gather(torch.tensor([12]))  # past the map's end: refused, never clipped
+
+
 def test_one_ahead_fetches_the_next_batch_while_the_caller_uses_this_one():
     started: list[int] = []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
@@ -87,6 +88,10 @@ def gather_rows(t: Tensor, idx, pin: bool) -> Tensor:
         rows = t[idx]
         return torch.empty(rows.shape, dtype=t.dtype, pin_memory=pin).copy_(rows)
     out = torch.empty((len(idx),) + tuple(t.shape[1:]), dtype=t.dtype, pin_memory=pin)
+    if t.dim() > 2 and t.is_contiguous():  # rows as flat vectors: index_select on 4-d uint8 is 10-15x slower
+        width = math.prod(t.shape[1:])
+        torch.index_select(t.view(len(t), width), 0, idx, out=out.view(len(idx), width))
+        return out
     return torch.index_select(t, 0, idx, out=out)
 
 

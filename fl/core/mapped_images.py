@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 import mmap
 import threading
-import warnings
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -21,33 +21,45 @@ RELEASE_BYTES = 256 << 20
 
 class ImageMap:
     """uint8 images [N, *shape[1:]] stored raw (C order) from byte `offset` of `path`, mapped read-only and shared
-    (a private writable map of a file larger than memory is refused by the kernel's overcommit check). Nothing writes
-    into a split's images in place (a transform makes a copy); a write would fault rather than change the file."""
+    (a private writable map of a file larger than memory is refused by the kernel's overcommit check).
+
+    A gather asks the kernel for exactly its rows' pages first (MADV_WILLNEED, one read per row), then copies them
+    (numpy's take): with the default readahead a fault reads a whole window around it (8 MiB on the development
+    machine, 15x a batch of 224 px images, which thrashes the page cache), so the map is advised MADV_RANDOM; torch's
+    index_select on 4-d uint8 rows is 10-40x slower than numpy's take (bench/README.md, "Datasets larger than
+    memory")."""
 
     def __init__(self, path: Path, shape: tuple[int, ...], offset: int = 0):
         self.path, self.shape, self.offset = Path(path), tuple(int(s) for s in shape), int(offset)
-        n = math.prod(self.shape)
+        self.row_bytes = math.prod(self.shape[1:])
+        n = self.shape[0] * self.row_bytes
         self._map: Optional[mmap.mmap] = None
-        if n == 0:
-            self.tensor = torch.empty(self.shape, dtype=torch.uint8)
-        else:
+        self._rows = np.zeros((self.shape[0], self.row_bytes), dtype=np.uint8)
+        if n:
             with open(self.path, "rb") as f:
                 self._map = mmap.mmap(f.fileno(), self.offset + n, access=mmap.ACCESS_READ)
-            with warnings.catch_warnings():  # "not writable": by design, see above
-                warnings.filterwarnings("ignore", message="The given buffer is not writable")
-                self.tensor = torch.frombuffer(self._map, dtype=torch.uint8, count=n, offset=self.offset)
-            self.tensor = self.tensor.view(self.shape)
+            self._map.madvise(mmap.MADV_RANDOM)
+            self._rows = np.frombuffer(self._map, dtype=np.uint8, count=n, offset=self.offset).reshape(
+                self.shape[0], self.row_bytes)
         self._read = 0
         self._lock = threading.Lock()  # gathers come from the training thread and the prefetching one
 
     def gather(self, rows: Tensor, pin: bool) -> Tensor:
         """The images at `rows` (CPU int64 positions) in a new tensor, in pinned memory if `pin`."""
         out = torch.empty((len(rows),) + self.shape[1:], dtype=torch.uint8, pin_memory=pin)
-        torch.index_select(self.tensor, 0, rows, out=out)
+        if not len(rows):
+            return out
+        at = rows.numpy().astype(np.int64, copy=False)
+        if at.min() < 0 or at.max() >= self.shape[0]:
+            raise IndexError(f"rows {int(at.min())}..{int(at.max())} of an image map of {self.shape[0]}")
+        page = mmap.PAGESIZE
+        for start in (at * self.row_bytes + self.offset).tolist():
+            self._map.madvise(mmap.MADV_WILLNEED, start - start % page, start % page + self.row_bytes)
+        np.take(self._rows, at, axis=0, out=out.numpy().reshape(len(at), -1), mode="clip")  # in bounds: checked
         with self._lock:
             self._read += out.numel()
             release, self._read = self._read >= RELEASE_BYTES, self._read % RELEASE_BYTES
-        if release and self._map is not None:
+        if release:
             self._map.madvise(mmap.MADV_DONTNEED)  # unmap, not evict: the next read is a page-cache hit
         return out
 
@@ -101,7 +113,7 @@ class MappedImages:
         if self.value_range is not None:
             return self.value_range
         lo, hi = 255, 0
-        for part in self.rows.split(max(1, RELEASE_BYTES // max(1, math.prod(self.source.shape[1:])))):
+        for part in self.rows.split(max(1, RELEASE_BYTES // max(1, self.source.row_bytes))):
             x = self.source.gather(part, pin=False)
             lo, hi = min(lo, int(x.min())), max(hi, int(x.max()))
         return lo, hi
