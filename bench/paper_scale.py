@@ -6,9 +6,17 @@ counts (no download), the real model, clients and partition, one round on this m
 
 Prints one Markdown row per config: seconds per round (training + evaluation), the projected wall time of the full
 run, peak host RSS and device memory, the client-state store (after the round, and projected to every client),
-checkpoint size and write time, and the bytes a round sends between server and clients. A config that cannot run at
-its paper scale (a pool larger than this machine's memory, a partition that cannot be built, a process killed for
-memory, a round longer than --timeout) is a row with the one-line reason, never a skipped line.
+checkpoint size and write time, the bytes a round sends between server and clients, and the round's data time (the
+time the loop waited for its batches and made them) with the image cache's build when the run wrote it. A config that
+cannot run at its paper scale (a pool larger than this machine's memory that its loader cannot memory-map, a partition
+that cannot be built, a process killed for memory, a round longer than --timeout) is a row with the one-line reason,
+never a skipped line.
+
+The stand-ins of the datasets whose loaders write an image cache (fl/data/cache.py: TinyImageNet, DomainNet,
+Office-Caltech10, PACS, iWildCam) go through it, under <--out>/cache unless data.cache_dir is given: written once
+(seeded random pixels, the first rehearsal of that dataset pays for it, inside --timeout), then read into memory or
+memory-mapped as data.cache says (auto: memory-mapped when the pool takes more than data.cache_auto_fraction of the
+memory available). Delete <--out>/cache afterwards: iWildCam's is 24.2 GiB.
 
 Projection: T = R * t_train + E * t_eval + C * t_ckpt, with R = trainer.rounds, E the rounds that evaluate
 (trainer.eval_every and the last), C the rounds that checkpoint (trainer.checkpoint_every and the last), and the
@@ -34,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -85,39 +94,43 @@ PAPER_CONFIGS_EXCLUDED = ("quickstart", "fedprox_embedded", "personalized_embedd
                           "fedpals_synthetic")  # generated data: already runnable as they are
 
 
-def available_bytes() -> int:
-    """Memory the operating system can give this process now (MemAvailable)."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def standin_pool(name: str, d):
     """The Pool the real loader of `name` would return, with random uint8 pixels and balanced random labels of the
-    real counts and shapes (seeded, so every run rehearses the same partition)."""
+    real counts and shapes (seeded, so every run rehearses the same partition). The datasets whose real loader goes
+    through the image cache (fl/data/cache.py) go through it here too, written once under data.cache_dir (the
+    rehearsal sets it) and read into memory or memory-mapped as `data.cache` says; the others are made in memory, as
+    their loaders read them."""
     import torch
 
     from fl.config import ConfigError
     from fl.core import Split
     from fl.data.base import Pool
+    from fl.data.cache import MAPPED, available_memory, cached_images, parts_of
 
     real = REAL[name]
     c, h, w = real.shape
     if d.image_size:
         h = w = int(d.image_size)
-    n_train, n_test = sum(real.train.values()), sum(real.test.values())
-    need = (n_train + n_test) * c * h * w
-    if need > 0.9 * available_bytes():
-        raise ConfigError(f"data.name={name}: the pool alone is {need / 2**30:.1f} GiB of uint8 images "
-                          f"({n_train + n_test} x {c}x{h}x{w}), more than the {available_bytes() / 2**30:.1f} GiB "
-                          "this machine has free; the real loader holds the same in memory")
+    counts = {"train": sum(real.train.values()), "test": sum(real.test.values())}
     gen = torch.Generator().manual_seed(0)
     domain_names = [k for k in real.train if k]
+    if name in MAPPED:
+        parts = parts_of(counts, c * h * w)
+        fill = lambda i: torch.randint(0, 256, (parts[i], c, h, w), dtype=torch.uint8,  # noqa: E731
+                                       generator=torch.Generator().manual_seed(i))  # seeded per part: resumable
+        x = cached_images(d, dataset=name, folder=Path(d.root) / "paper_scale", tag=f"{h}px-standin", counts=counts,
+                          key=f"standin-v1-{c}x{h}x{w}-{counts}", shape=(c, h, w), parts=parts, fill=fill)
+    else:
+        need = sum(counts.values()) * c * h * w
+        if need > 0.9 * available_memory():
+            raise ConfigError(f"data.name={name}: the pool alone is {need / 2**30:.1f} GiB of uint8 images "
+                              f"({sum(counts.values())} x {c}x{h}x{w}), more than the "
+                              f"{available_memory() / 2**30:.1f} GiB this machine has free; the real loader holds "
+                              "the same in memory")
+        x = {k: torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8, generator=gen) for k, n in counts.items()}
 
-    def split(counts: dict[str, int], camera_ids: Optional[range]) -> Split:
+    def split(part: str, counts: dict[str, int], camera_ids: Optional[range]) -> Split:
         n = sum(counts.values())
-        x = torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8, generator=gen)
         y = torch.randperm(n, generator=gen) % real.classes  # every class equally often
         if camera_ids is not None:
             domain = torch.tensor(camera_ids)[torch.randint(0, len(camera_ids), (n,), generator=gen)]
@@ -125,11 +138,11 @@ def standin_pool(name: str, d):
             domain = torch.cat([torch.full((counts[k],), i) for i, k in enumerate(domain_names)])
         else:
             domain = None
-        return Split(x, y, domain)
+        return Split(x[part], y, domain)
 
     cams = real.cameras
-    train = split(real.train, range(cams[0]) if cams else None)
-    test = split(real.test, range(cams[0], sum(cams)) if cams else None)
+    train = split("train", real.train, range(cams[0]) if cams else None)
+    test = split("test", real.test, range(cams[0], sum(cams)) if cams else None)
     mean, std = _statistics(name)
     pool = Pool(name, train, test, real.classes, [f"class{k}" for k in range(real.classes)],
                 [f"camera{i}" for i in range(sum(cams))] if cams else domain_names, mean, std)
@@ -157,6 +170,7 @@ def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
 
     import fl.core.client as client
     import fl.core.loop as loop
+    import fl.data.cache as image_cache
     from fl.config import ConfigError
     from fl.config.load import load_config
     from fl.core.registry import DATASETS
@@ -174,7 +188,7 @@ def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
             stats["train_s"] = stats.get("eval_start", now) - stats["round_start"]
             stats["eval_so_far_s"] = now - stats["eval_start"] if "eval_start" in stats else None
 
-    stats.update(batches_run=0, batches_paper=0, batch_s=0.0, eval_s=0.0)
+    stats.update(batches_run=0, batches_paper=0, batch_s=0.0, eval_s=0.0, data_s=0.0)
     phase_file = report.with_name(report.name + ".phase")
 
     def phase(text: str) -> None:
@@ -190,23 +204,54 @@ def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
             local_steps = None
     stats["paper"] = {"rounds": paper.rounds, "eval_every": paper.eval_every,
                       "checkpoint_every": paper.checkpoint_every}
-    counted = client.batch_indices
+    counted, ahead, make_batch = client.batch_indices, client.one_ahead, client.ClientModule.make_batch
+    training = weakref.WeakSet()  # the round's local passes (batch_indices' generators), as against evaluations
 
     def counting(n, batch_size, gen, *, epochs=None, steps=None, drop_last=False):
+        batches = counted(n, batch_size, gen, epochs=epochs, steps=steps, drop_last=drop_last)
         if "eval_start" in stats:  # an evaluation that fine-tunes (FedBABU, -FT): its time is the evaluation's
-            yield from counted(n, batch_size, gen, epochs=epochs, steps=steps, drop_last=drop_last)
-            return
+            return batches
         shortened = local_steps is not None and steps == local_steps
         full = count_batches(n, batch_size, paper.local_epochs, paper.local_steps, drop_last) if shortened else \
             count_batches(n, batch_size, epochs, steps, drop_last)
         stats["batches_paper"] += full
-        for item in counted(n, batch_size, gen, epochs=epochs, steps=steps, drop_last=drop_last):
-            if item[1] is not None:
-                stats["batches_run"] += 1
+        training.add(batches)
+        return batches
+
+    def timed(items, fetch):
+        """one_ahead, timed: the time it takes to hand over each batch (the wait for its data) is data time, and
+        for a local pass that wait plus the time until the next batch is asked for is the batch's time."""
+        local, batches = items in training, ahead(items, fetch)
+        while True:
+            start = time.perf_counter()
+            item = next(batches, None)
+            waited = time.perf_counter() - start
+            stats["data_s"] += waited
+            if item is None:
+                return
             start = time.perf_counter()
             yield item  # the caller trains on the batch before it asks for the next one
-            stats["batch_s"] += time.perf_counter() - start
+            if local and item[1] is not None:
+                stats["batches_run"] += 1
+                stats["batch_s"] += waited + time.perf_counter() - start
 
+    def timed_make_batch(self, *args, **kwargs):
+        start = time.perf_counter()
+        out = make_batch(self, *args, **kwargs)
+        stats["data_s"] += time.perf_counter() - start
+        return out
+
+    build = image_cache.build
+
+    def timed_build(*args, **kwargs):
+        phase("writing the image cache")
+        start = time.perf_counter()
+        out = build(*args, **kwargs)
+        stats["cache_build_s"] = time.perf_counter() - start
+        phase("loading the config and building the pool and partition")
+        return out
+
+    image_cache.build, client.one_ahead, client.ClientModule.make_batch = timed_build, timed, timed_make_batch
     client.batch_indices = counting
     evaluate = loop.Orchestrator.evaluate
 
@@ -281,7 +326,8 @@ def rehearse(conf: str, overrides: list[str], out: Path, local_steps: Optional[i
     report = out / f"{conf}.json"
     for old in out.glob(f"{conf}.json.*"):
         old.unlink()
-    argv = [f"conf={conf}", *overrides, "logger.wandb.mode=disabled", "logger.progress=false",
+    cache = [] if any(o.startswith("data.cache_dir=") for o in overrides) else [f"data.cache_dir={out / 'cache'}"]
+    argv = [f"conf={conf}", *cache, *overrides, "logger.wandb.mode=disabled", "logger.progress=false",
             f"logger.output_dir={out}", f"logger.run_name={conf}"]
     cmd = [sys.executable, __file__, "--child", str(report), str(local_steps or 0), "--", *argv]
     start = time.perf_counter()
@@ -351,7 +397,7 @@ def mib(n: Optional[float]) -> str:
 
 HEADER = ("| config | clients trained | round: train + eval | projected full run | peak RSS | peak device memory "
           "| client states: after round 0 / all clients | checkpoint: size, write time | bytes per round: up + down "
-          "| status |\n|---|---|---|---|---|---|---|---|---|---|")
+          "| data time in the round | status |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def row(r: Result, local_steps: Optional[int]) -> str:
@@ -362,12 +408,12 @@ def row(r: Result, local_steps: Optional[int]) -> str:
             least = {**s, "round_s": s["train_s"] + s["eval_so_far_s"], "eval_s": s["eval_so_far_s"]}
             return (f"| {r.conf} | | {s['train_s']:.1f} + > {s['eval_so_far_s']:.1f} s{batches(s, local_steps)} "
                     f"| > {duration(projection(least, local_steps))} ({s['paper']['rounds']} rounds) | {rss} "
-                    f"| | | | | **cannot run**: {r.why} |")
+                    f"| | | | | | **cannot run**: {r.why} |")
         if s.get("train_s") is not None:
             return (f"| {r.conf} | | > {s['train_s']:.0f} s ({s['batches_run']} batches) | "
                     f"> {duration(s['paper']['rounds'] * s['train_s'])} ({s['paper']['rounds']} rounds) | {rss} "
-                    f"| | | | | **cannot run**: {r.why} |")
-        return f"| {r.conf} | | | | {rss} | | | | | **cannot run**: {r.why} |"
+                    f"| | | | | | **cannot run**: {r.why} |")
+        return f"| {r.conf} | | | | {rss} | | | | | | **cannot run**: {r.why} |"
     total = projection(s, local_steps)
     device = mib(s["peak_device_bytes"]) if s.get("peak_device_bytes") else "— (CPU)"
     ck = s["checkpoints"][0] if s.get("checkpoints") else None
@@ -376,7 +422,14 @@ def row(r: Result, local_steps: Optional[int]) -> str:
     return (f"| {r.conf} | {s.get('clients', 0):.0f} | {s['round_s'] - s['eval_s']:.1f} + {s['eval_s']:.1f} s"
             f"{batches(s, local_steps)} | {duration(total)} ({s['paper']['rounds']} rounds) | {r.rss_mb:.0f} MiB "
             f"| {device} | {mib(s.get('state_bytes'))} / {mib(s.get('state_bytes_all'))} | {ckpt} "
-            f"| {mib(s['bytes_up'])} + {mib(s['bytes_down'])} | {status} |")
+            f"| {mib(s['bytes_up'])} + {mib(s['bytes_down'])} | {data_time(s)} | {status} |")
+
+
+def data_time(s: dict) -> str:
+    """Seconds the round waited for its batches (one_ahead) and made them (make_batch), and the image cache's build
+    when this run wrote it."""
+    text = f"{s['data_s']:.1f} s" if "data_s" in s else "?"
+    return text + (f" (image cache written in {s['cache_build_s']:.0f} s first)" if s.get("cache_build_s") else "")
 
 
 def batches(s: dict, local_steps: Optional[int]) -> str:

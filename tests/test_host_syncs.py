@@ -87,10 +87,11 @@ def test_rows_from_host_memory_to_a_gpu_are_gathered_into_pinned_memory(monkeypa
 
 def test_gathered_rows_equal_indexing():
     x = torch.randint(0, 256, (10, 3, 2, 2), dtype=torch.uint8)
-    for idx in (torch.tensor([9, 0, 3, 3]), slice(2, 8), slice(7, 30), torch.tensor([], dtype=torch.int64),
-                torch.arange(10) % 3 == 0):
-        rows = gather_rows(x, idx, pin=False)
-        assert torch.equal(rows, x[idx]) and rows.data_ptr() != x.data_ptr()
+    for t in (x, x.transpose(2, 3), x[:, 0]):  # contiguous images, strided ones, one channel
+        for idx in (torch.tensor([9, 0, 3, 3]), slice(2, 8), slice(7, 30), torch.tensor([], dtype=torch.int64),
+                    torch.arange(10) % 3 == 0):
+            rows = gather_rows(t, idx, pin=False)
+            assert torch.equal(rows, t[idx]) and rows.data_ptr() != t.data_ptr() and rows.shape == t[idx].shape
 
 
 def test_the_pooled_test_set_is_made_once_and_anew_for_a_moved_or_validation_view(tmp_path):

@@ -27,6 +27,11 @@ def assert_one_line_error(exc_info, path):
     assert "\n" not in msg and str(path) in msg, msg
 
 
+def image_caches(base):
+    """The image caches (complete or part-built) under a dataset folder."""
+    return [p for p in (base / ".fl_cache").glob("*") if p.is_dir()]
+
+
 def assert_images(split, n, channels, size):
     assert split.x.shape == (n, channels, size, size) and split.x.dtype == torch.uint8
     assert split.y.shape == (n,) and split.y.dtype == torch.int64
@@ -131,12 +136,12 @@ def test_tinyimagenet(tmp_path, monkeypatch):
     assert pool.test.y.tolist() == [pool.class_names.index(w) for w in fake["val_wnids"]]
     grey = pool.train.x[3]  # n02_0.JPEG, written with one channel
     assert torch.equal(grey[0], grey[1]) and torch.equal(grey[1], grey[2])
-    assert (tmp_path / "tiny-imagenet-200" / ".fl_cache_64.pt").is_file()
+    assert (tmp_path / "tiny-imagenet-200" / ".fl_cache" / "64px" / "meta.json").is_file()
     monkeypatch.setattr(domains, "decode_images", lambda *a: pytest.fail("the cache was not used"))
     again = load_tinyimagenet(cfg(tmp_path))
     assert torch.equal(again.train.x, pool.train.x) and torch.equal(again.test.y, pool.test.y)
     monkeypatch.undo()
-    (tmp_path / "tiny-imagenet-200" / ".fl_cache_64.pt").write_bytes(b"half-written")  # rebuilt, not trusted
+    (tmp_path / "tiny-imagenet-200" / ".fl_cache" / "64px" / "meta.json").write_bytes(b"half-wr")  # rebuilt
     assert torch.equal(load_tinyimagenet(cfg(tmp_path)).train.x, pool.train.x)
 
 
@@ -151,7 +156,7 @@ def test_tinyimagenet_errors(tmp_path):
     with pytest.raises(DataError) as e:
         load_tinyimagenet(cfg(tmp_path, image_size=16))
     assert_one_line_error(e, ann)
-    assert not list((tmp_path / "tiny-imagenet-200").glob(".fl_cache*"))  # nothing written on error
+    assert not image_caches(tmp_path / "tiny-imagenet-200")  # nothing written on error (a lock file aside)
 
 
 # ----------------------------------------------------------------------------- DomainNet, Office-Caltech10, PACS
@@ -206,7 +211,7 @@ def test_office_and_pacs(tmp_path):
     office = load_office_caltech10(cfg(tmp_path, image_size=8))
     assert office.domain_names == ["amazon", "caltech", "dslr", "webcam"] and office.num_classes == 10
     assert len(office.train) == 4 * 10 * 4 and len(office.test) == 4 * 10 * 1  # 20% test
-    assert (tmp_path / "office_caltech10" / ".fl_cache_8.pt").is_file()
+    assert (tmp_path / "office_caltech10" / ".fl_cache" / "8px" / "images.u8").is_file()
     fakes.domain_folders(tmp_path, "pacs", domains.PACS.domains, domains.PACS.classes, png_domains=("sketch",))
     pacs = load_pacs(cfg(tmp_path, image_size=8))
     assert pacs.class_names == ["dog", "elephant", "giraffe", "guitar", "horse", "house", "person"]
@@ -233,7 +238,7 @@ def test_domain_errors(tmp_path):
     (base / "photo_train.txt").write_text("photo/dog/photo_dog_0.jpg 0\n")  # no photo_test file
     with pytest.raises(DataError, match="photo_test"):
         load_pacs(cfg(tmp_path, image_size=8))
-    assert not list(base.glob(".fl_cache*"))
+    assert not image_caches(base)
     with pytest.raises(ConfigError, match="choices"):
         load_pacs(cfg(tmp_path, variant="photo"))
 

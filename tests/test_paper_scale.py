@@ -11,17 +11,18 @@ import torch
 from omegaconf import OmegaConf
 
 from bench.paper_scale import REAL, paper_configs, projection, rehearse, row, standin_pool
+from fl.config import DataConfig
 
 
-def data_cfg(image_size=None):
-    return OmegaConf.create({"image_size": image_size})
+def data_cfg(image_size=None, **kw):
+    return OmegaConf.structured(DataConfig(image_size=image_size, **kw))
 
 
 @pytest.mark.parametrize("name", ["cifar10", "cifar20", "fmnist", "office_caltech10", "pacs"])
-def test_a_standin_pool_has_the_real_counts_shapes_and_domains(name):
+def test_a_standin_pool_has_the_real_counts_shapes_and_domains(name, tmp_path):
     real = REAL[name]
     size = 16 if real.shape[1] > 64 else None  # the 224/256 px pools at a small size: counts are what is checked
-    pool = standin_pool(name, data_cfg(size))
+    pool = standin_pool(name, data_cfg(size, cache_dir=str(tmp_path)))
     c, h, w = real.shape
     assert pool.train.x.shape == (sum(real.train.values()), c, size or h, size or w)
     assert pool.test.x.shape[0] == sum(real.test.values()) and pool.train.x.dtype == torch.uint8
@@ -35,8 +36,8 @@ def test_a_standin_pool_has_the_real_counts_shapes_and_domains(name):
         assert all(torch.equal(fine // 5, s.y) for fine, s in zip(pool.fine_labels, (pool.train, pool.test)))
 
 
-def test_iwildcam_cameras_are_disjoint_between_train_and_test():
-    pool = standin_pool("iwildcam", data_cfg(2))
+def test_iwildcam_cameras_are_disjoint_between_train_and_test(tmp_path):
+    pool = standin_pool("iwildcam", data_cfg(8, cache_dir=str(tmp_path)))
     train_cams, test_cams = set(pool.train.domain.tolist()), set(pool.test.domain.tolist())
     assert len(train_cams) == 243 and len(test_cams) == 48 and not train_cams & test_cams
     assert len(pool.domain_names) == 291

@@ -1,12 +1,15 @@
-"""The README's "Adding a method" example is code that works: registered under a test name, it runs, its
-persistent attribute is kept per client across rounds, and K clients at once give its sequential run."""
+"""The README's examples work: "Adding a method" registered under a test name runs, keeps its persistent
+attribute per client across rounds, and K clients at once give its sequential run; "Datasets larger than memory"
+maps the pool and runs as the pool in memory does."""
 import re
+import shlex
 from pathlib import Path
 
+import pytest
 import torch
 
 from fl.core import sample_clients
-from tests.helpers import assert_same_rows, global_params, load_ckpt, read_metrics, run_tiny
+from tests.helpers import assert_same_rows, global_params, load_ckpt, read_metrics, run_cli, run_tiny
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -49,3 +52,17 @@ def test_the_example_trains_k_clients_at_once_as_one_at_a_time(out, monkeypatch)
     ga, gb = global_params(sequential), global_params(vmapped)
     for name, value in ga.items():
         torch.testing.assert_close(gb[name], value, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_larger_than_memory_example_maps_the_pool_and_runs_as_the_pool_in_memory(out):
+    section = README.read_text().split("**Datasets larger than memory**", 1)[1].split("**Bring your own data**")[0]
+    commands = [shlex.split(line) for line in re.search(r"```bash\n(.*?)```", section, re.S).group(1).splitlines()]
+    assert [c[:3] for c in commands] == [["python", "-m", "fl.train"]] * 2
+    runs = [run_cli(c[3:] + ["logger.wandb.mode=disabled", "logger.progress=false"], cwd=out) for c in commands]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+    printed = " ".join(re.search(r"prints `(data: .*?)`", section, re.S).group(1).split())
+    assert re.search(re.escape(printed).replace("<hash>", r"\w+"), runs[0].stderr), runs[0].stderr[-2000:]
+    assert "memory-mapped" not in runs[1].stderr and (out / "data" / "embedded" / ".fl_cache").is_dir()
+    mapped, in_memory = (read_metrics(out / "outputs" / c[-1].split("=")[1]) for c in commands)
+    assert mapped == in_memory and len(mapped) == 2

@@ -23,8 +23,9 @@ from fl.core.callbacks import CallbackError, callback_class
 CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
 DEFAULT_CONF = "quickstart"
 
-# Keys that may change when resuming; everything else must match the checkpointed run.
-RESUMABLE_KEYS = ("trainer.rounds", "trainer.on_divergence", "fabric.", "logger.", "resume")
+# Keys that may change when resuming; everything else must match the checkpointed run (data.cache*: where the same
+# images are read from).
+RESUMABLE_KEYS = ("trainer.rounds", "trainer.on_divergence", "fabric.", "logger.", "resume", "data.cache")
 
 # Keys that moved, old -> new: a config or override that still uses the old one is refused, naming the new.
 MOVED_KEYS = {

@@ -167,7 +167,17 @@ class DataConfig:
     name: str = param("embedded", help="dataset name (see fl.data registry)")
     root: str = param("data", help="where datasets live and the embedded dataset is cached")
     on_device: bool = param(True, help="keep all client data on the accelerator (index batching); false keeps "
-                            "it in host memory and moves each batch")
+                            "it in host memory and moves each batch; a memory-mapped pool (data.cache) is read from "
+                            "its map either way")
+    cache: str = param("auto", choices=["auto", "memory", "mmap"],
+                       help="decoded images of the image-folder datasets (tinyimagenet, domainnet, office_caltech10, "
+                       "pacs, iwildcam; written once to disk): memory = read into memory; mmap = memory-mapped, each "
+                       "batch read from the map (pools larger than memory; the generated datasets too); auto = mmap "
+                       "when the pool takes more than data.cache_auto_fraction of the available memory")
+    cache_auto_fraction: float = param(0.25, gt=0.0, le=1.0, help="data.cache=auto memory-maps a pool whose images "
+                                       "take more than this share of the memory available (MemAvailable) at load")
+    cache_dir: Optional[str] = param(None, help="where the image caches go (<cache_dir>/<data.name>/); null: a "
+                                     ".fl_cache folder in the dataset's own folder")
     download: bool = param(False, help="let torchvision download the dataset where it can (needs a network)")
     variant: Optional[str] = param(None, help="dataset-specific variant, e.g. the EMNIST split")
     image_size: Optional[int] = param(None, ge=8, help="side of the (square) images; None = the dataset's default")

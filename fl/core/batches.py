@@ -1,9 +1,12 @@
-"""Seeded mini-batches of a client's data, and the training-time augmentations applied to them."""
+"""Seeded mini-batches of a client's data, fetched one batch ahead, and the training-time augmentations applied to
+them."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from typing import Optional
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any, Optional, TypeVar
 
 import torch
 from torch import Tensor
@@ -42,6 +45,38 @@ def count_batches(n: int, batch_size: int, epochs: Optional[int], steps: Optiona
         return steps
     b = min(batch_size, n)
     return epochs * (n // b if drop_last else math.ceil(n / b))
+
+
+T = TypeVar("T")
+_worker: Optional[ThreadPoolExecutor] = None
+
+
+def one_ahead(items: Iterable[tuple[int, Any]], fetch: Optional[Callable[[Any], T]]
+              ) -> Iterator[tuple[int, Any, Optional[T]]]:
+    """(epoch, idx, fetch(idx)) for each (epoch, idx) of `items`, fetching the next batch on a worker thread while the
+    caller uses this one, across an end of pass too (an idx of None, which comes with None). fetch=None: nothing is
+    fetched (None)."""
+    global _worker
+    if fetch is None:
+        yield from ((epoch, idx, None) for epoch, idx in items)
+        return
+    if _worker is None:
+        _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fl-fetch")
+    queue: deque = deque()
+    try:
+        for epoch, idx in items:
+            queue.append((epoch, idx, None if idx is None else _worker.submit(fetch, idx)))
+            while idx is not None and len(queue) > 1:  # the next batch is under way: hand over what comes before it
+                yield _handed(queue.popleft())
+        while queue:
+            yield _handed(queue.popleft())
+    finally:  # stopped early (or failed): the fetch under way finishes before the caller moves on
+        wait([fetched for _, _, fetched in queue if fetched is not None])
+
+
+def _handed(item: tuple) -> tuple:
+    epoch, idx, fetched = item
+    return epoch, idx, None if fetched is None else fetched.result()
 
 
 def augment(x: Tensor, names, gen: torch.Generator) -> Tensor:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor
 
-from fl.core.batches import augment, batch_indices
+from fl.core.batches import augment, batch_indices, one_ahead
 from fl.core.federated_data import FederatedData, Split, rows_to
 from fl.core.optim import build_optimizer, finetune_lr, round_lr
 from fl.core.registry import build_model
@@ -235,17 +235,41 @@ class ClientModule:
         """The optimizer of the running `fit_local` (for manual optimization)."""
         return self._local_optimizer
 
-    def make_batch(self, split: Split, idx, augment_gen: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor]:
+    def make_batch(self, split: Split, idx, augment_gen: Optional[torch.Generator] = None,
+                   fetched: Optional[tuple] = None) -> tuple[Tensor, Tensor]:
         """(x, y) of `split[idx]` on the device, normalised in the model's dtype; with a generator, augmented
         first (`data.augment`), as training batches are, then shifted by its owner's client transform when
-        the split has owners (`data.client_transform_after_augment`)."""
-        device = self.fabric.device if self.fabric is not None else next(self.parameters()).device
-        x, y = rows_to(split.x, idx, device), rows_to(split.y, idx, device)
+        the split has owners (`data.client_transform_after_augment`). `fetched`: what `fetch_batch` returned for
+        these rows, one batch ahead (`batch_fetcher`)."""
+        x, y, owner = fetched if fetched is not None else self.fetch_batch(split, idx, self._batch_device())
         if augment_gen is not None:
             x = augment(x, self.cfg.data.augment, augment_gen)
-        if split.owner is not None:
-            x = self.data.batch_transform(x, rows_to(split.owner, idx, device))
+        if owner is not None:
+            x = self.data.batch_transform(x, owner)
         return self.data.prepare(x, self._input_dtype), y
+
+    def _batch_device(self) -> torch.device:
+        return self.fabric.device if self.fabric is not None else next(self.parameters()).device
+
+    @staticmethod
+    def fetch_batch(split: Split, idx, device: torch.device) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        """The rows `idx` of `split` (images, labels, owners or None) on `device`, as they are stored."""
+        owner = None if split.owner is None else rows_to(split.owner, idx, device)
+        return rows_to(split.x, idx, device), rows_to(split.y, idx, device), owner
+
+    def batch_fetcher(self, split: Split) -> Optional[Callable[[Any], tuple]]:
+        """`fetch_batch` for `split`, to run one batch ahead on a worker thread (`one_ahead`) where a batch is read
+        from host memory (a memory-mapped split; host tensors for a CUDA device); None where it is indexed on its
+        device. The worker issues its copies on this thread's CUDA stream, so each batch is ready in stream order."""
+        device = self._batch_device()
+        if not (split.mapped or (split.y.device.type == "cpu" and device.type == "cuda")):
+            return None
+        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+        def fetch(idx) -> tuple:
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                return self.fetch_batch(split, idx, device)
+        return fetch
 
     def fit_local(self, optimizer, *, epochs: Optional[int] = None, steps: Optional[int] = None,
                   purpose: str = "train", hooks: bool = True,
@@ -269,8 +293,8 @@ class ClientModule:
             self.on_local_train_start()
         sums: dict[str, Tensor] = {}
         n_steps = 0
-        for epoch, idx in batch_indices(len(train), t.batch_size, gen, epochs=epochs, steps=steps,
-                                        drop_last=t.drop_last):
+        batches = batch_indices(len(train), t.batch_size, gen, epochs=epochs, steps=steps, drop_last=t.drop_last)
+        for epoch, idx, fetched in one_ahead(batches, self.batch_fetcher(train)):
             if idx is None:  # end of a pass over the data
                 if hooks:
                     self.on_local_epoch_end(epoch)
@@ -278,7 +302,8 @@ class ClientModule:
             self._step_logs = {}
             try:
                 with fabric.autocast():
-                    out = step_fn(self.make_batch(train, idx.to(train.y.device, non_blocking=True), aug), n_steps)
+                    batch = self.make_batch(train, idx.to(train.y.device, non_blocking=True), aug, fetched)
+                    out = step_fn(batch, n_steps)
             finally:
                 logged, self._step_logs = self._step_logs, None
             out = {**logged, **(out if isinstance(out, dict) else {"loss": out})}
@@ -372,11 +397,12 @@ class ClientModule:
         was_training = self.training
         self.eval()
         try:
-            for begin in range(start * bs, len(split), stride * bs):
+            windows = ((0, slice(begin, begin + bs)) for begin in range(start * bs, len(split), stride * bs))
+            for _, rows, fetched in one_ahead(windows, self.batch_fetcher(split)):
                 with torch.no_grad(), self.fabric.autocast() if autocast else contextlib.nullcontext():
-                    aug = generator(self.cfg.seed, self.round, self.cid, f"eval/augment/{begin}") \
+                    aug = generator(self.cfg.seed, self.round, self.cid, f"eval/augment/{rows.start}") \
                         if self.cfg.data.eval_augment and self.cfg.data.augment else None
-                    x, y = self.make_batch(split, slice(begin, begin + bs), aug)
+                    x, y = self.make_batch(split, rows, aug, fetched)
                     out = fn(x)
                 yield out, y
         finally:

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from fl.config import ConfigError
 from fl.core import Split
+from fl.core.mapped_images import MappedImages
 
 
 class DataError(ConfigError):
@@ -83,8 +84,9 @@ def check_pool(pool: Pool, where: str) -> None:
             raise ConfigError(f"{where}: {yk} holds label {lo if lo < 0 else hi}; labels must be integers in "
                               f"[0, num_classes) = [0, {K}): remap them")
     x = pool.train.x
-    if x.min() == x.max():  # a constant input: nothing to learn, and a std computed from it is 0
-        raise ConfigError(f"{where}: every value of x is {x.flatten()[0].item():g} (zero std); the inputs must vary")
+    lo, hi = x.extrema() if isinstance(x, MappedImages) else (x.min(), x.max())  # a map's range: recorded when built
+    if lo == hi:  # a constant input: nothing to learn, and a std computed from it is 0
+        raise ConfigError(f"{where}: every value of x is {float(lo):g} (zero std); the inputs must vary")
     if pool.std is not None and not all(s > 0 and s != float("inf") for s in pool.std):
         raise ConfigError(f"{where}: std={list(pool.std)} divides the inputs in normalisation; each channel's "
                           "must be finite and > 0")

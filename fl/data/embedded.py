@@ -46,11 +46,16 @@ def prototypes(num_classes: int, channels: int, size: int, gen: torch.Generator)
     return torch.stack(protos)
 
 
+def labels(num_classes: int, samples_per_class: int) -> Tensor:
+    """The labels of `generate`'s images: class by class."""
+    return torch.arange(num_classes).repeat_interleave(samples_per_class)
+
+
 def generate(num_classes: int, samples_per_class: int, channels: int, size: int, noise: float) -> tuple[Tensor, Tensor]:
     gen = torch.Generator().manual_seed(GENERATION_SEED)
     protos = prototypes(num_classes, channels, size, gen)
     n = num_classes * samples_per_class
-    y = torch.arange(num_classes).repeat_interleave(samples_per_class)
+    y = labels(num_classes, samples_per_class)
     x = protos[y].clone()
     # random shift by up to size/8 pixels (cyclic), sample by sample via gather on a shifted grid
     max_shift = max(1, size // 8)
@@ -69,10 +74,15 @@ def generate(num_classes: int, samples_per_class: int, channels: int, size: int,
     return x.contiguous(), y
 
 
+def cache_key(num_classes: int, samples_per_class: int, channels: int, size: int, noise: float) -> str:
+    """Names the generated images (bump its version when `generate` changes)."""
+    return f"v2-{num_classes}-{samples_per_class}-{channels}-{size}-{noise}"
+
+
 def load_or_generate(root: str, num_classes: int, samples_per_class: int, channels: int, size: int,
                      noise: float) -> tuple[Tensor, Tensor]:
     """Generate once and cache under <root>/embedded/ (written atomically: several processes may race)."""
-    key = f"v2-{num_classes}-{samples_per_class}-{channels}-{size}-{noise}"
+    key = cache_key(num_classes, samples_per_class, channels, size, noise)
     path = Path(root) / "embedded" / f"{hashlib.sha1(key.encode()).hexdigest()[:12]}.pt"
     if path.is_file():
         n = num_classes * samples_per_class

@@ -36,15 +36,19 @@ mean ± std over 3 seeds; 2-core CPU, about 4.5 min; make_pool itself takes abou
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 import torch.nn.functional as nnf
 from torch import Tensor
 
 from fl.core import Split, derive_seed
+from fl.core.federated_data import images
 from fl.data.base import Pool
 
 GENERATION_SEED = 20261122
+CACHE_VERSION = "v1"  # names the generated images in an image cache (data.cache=mmap): bump it when they change
 STYLES = ("photo", "sketch", "noisy", "painted", "cartoon", "neon")
 
 # Glyph geometry, in coordinates where the image spans [-1, 1].
@@ -224,11 +228,6 @@ def generate(split: str, domain: int, num_classes: int, per_class: int, size: in
     return (img.clamp(0, 1) * 255).round().to(torch.uint8), y
 
 
-def _split(parts: list[tuple[Tensor, Tensor]]) -> Split:
-    return Split(torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts]),
-                 torch.cat([torch.full_like(y, d) for d, (_, y) in enumerate(parts)]))
-
-
 def domain_names(num_domains: int) -> list[str]:
     """The six styles, then "cameras" of them: domain d >= 6 is painted in style d mod 6 from its own stream."""
     k = len(STYLES)
@@ -236,17 +235,31 @@ def domain_names(num_domains: int) -> list[str]:
 
 
 def make_pool(num_classes: int = 10, num_domains: int = 4, train_per_class_domain: int = 150,
-              test_per_class_domain: int = 50, image_size: int = 32) -> Pool:
-    """The pool: train and test Splits with domain ids, ordered by domain then class."""
+              test_per_class_domain: int = 50, image_size: int = 32, store: Optional[Callable] = None) -> Pool:
+    """The pool: train and test Splits with domain ids, ordered by domain then class. `store`, if given, keeps the
+    images (fl/data/cache.py's `cached_images` less its data settings: counts, shape, parts, fill -> each split's
+    images), e.g. memory-mapped; else they are generated into memory."""
     if num_domains < 1:
         raise ValueError(f"num_domains must be >= 1, got {num_domains}")
     if num_classes < 1 or image_size < 8:
         raise ValueError(f"need num_classes >= 1 and image_size >= 8, got {num_classes}, {image_size}")
-    train = _split([generate("train", d, num_classes, train_per_class_domain, image_size)
-                    for d in range(num_domains)])
-    test = _split([generate("test", d, num_classes, test_per_class_domain, image_size)
-                   for d in range(num_domains)])
-    channels = [train.x[:, c].double().div(255) for c in range(3)]  # one channel at a time: less memory
-    return Pool(name="embedded_domains", train=train, test=test, num_classes=num_classes,
+    blocks = [("train", d, train_per_class_domain) for d in range(num_domains)] + \
+             [("test", d, test_per_class_domain) for d in range(num_domains)]
+    counts = {split: num_domains * num_classes * per for split, per in (("train", train_per_class_domain),
+                                                                      ("test", test_per_class_domain))}
+    fill = lambda i: generate(blocks[i][0], blocks[i][1], num_classes, blocks[i][2], image_size)[0]  # noqa: E731
+    if store is None:
+        xs = [fill(i) for i in range(len(blocks))]
+        x = {"train": torch.cat(xs[:num_domains]), "test": torch.cat(xs[num_domains:])}
+    else:
+        x = store(counts=counts, shape=(3, image_size, image_size), parts=[num_classes * b[2] for b in blocks],
+                  fill=fill)
+    splits = {}
+    for name in ("train", "test"):
+        ys = [torch.arange(num_classes).repeat_interleave(per) for split, _, per in blocks if split == name]
+        splits[name] = Split(x[name], torch.cat(ys), torch.cat([torch.full_like(y, d) for d, y in enumerate(ys)]))
+    train = images(splits["train"].x)
+    channels = [train[:, c].double().div(255) for c in range(3)]  # one channel at a time: less memory
+    return Pool(name="embedded_domains", train=splits["train"], test=splits["test"], num_classes=num_classes,
                 class_names=[f"glyph{k}" for k in range(num_classes)], domain_names=domain_names(num_domains),
                 mean=tuple(c.mean().item() for c in channels), std=tuple(c.std().item() for c in channels))

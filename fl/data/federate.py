@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from fl.config import ConfigError
 from fl.core import ClientData, FederatedData, Split, Target, derive_seed
+from fl.core.federated_data import images
 from fl.data import partition as P
 from fl.data.base import Pool
 from fl.data.transforms import CLIENT_TRANSFORMS, corrupt, feddrm_color_by_owner, frost_dir_default
@@ -365,7 +366,8 @@ def _splits(c: ClientData) -> list[Split]:
 
 
 def _transform_splits(splits: list[Split], fn) -> None:
-    """fn applied once to the images of `splits` together, written back split by split."""
-    out = fn(torch.cat([s.x for s in splits]))
+    """fn applied once to the images of `splits` together, written back split by split (in memory: a transformed
+    image is no longer the cached one)."""
+    out = fn(torch.cat([images(s.x) for s in splits]))
     for split, part in zip(splits, out.split([len(s) for s in splits])):
         split.x = part

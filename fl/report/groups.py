@@ -10,7 +10,8 @@ from fl.report.runs import Run
 
 # keys that never define a setting or a variant: seeds, paths, logging, devices
 IGNORED = ("seed", "data.partition.seed", "resume", "logger.", "fabric.", "data.root", "data.download",
-           "data.on_device", "trainer.checkpoint_every", "trainer.eval_batch_size", "partition_fingerprint")
+           "data.on_device", "data.cache", "trainer.checkpoint_every", "trainer.eval_batch_size",
+           "partition_fingerprint")
 SEED_KEYS = ("seed", "data.partition.seed")  # ignored for labels, but a run's seed is part of what it repeats
 BASE_KEYS = ("data.name", "data.partition.name")  # a setting's dataset/partition: "embedded/dirichlet"
 # FedDRM's FedAvg-FT is FedAvg plus local fine-tuning: a row of its own beside FedAvg, in the same setting column

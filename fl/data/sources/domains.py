@@ -14,8 +14,9 @@ Train/test split, per domain, in this order of preference:
 A path in a split file is matched on its last three components (<domain>/<class>/<file>), so FedBN's
 "../data/DomainNet/..." prefixes and DomainNet's "clipart/..." ones both resolve under <folder>.
 
-Decoded images are cached as uint8 tensors in <folder>/.fl_cache_<size>.pt; the cache is keyed by the
-list of files and labels, so adding an image or editing a split file rebuilds it.
+Decoded images are cached once in <folder>/.fl_cache/<size>px/ (fl/data/cache.py), then read into memory or
+memory-mapped (data.cache); the cache is keyed by the files (path, size, modification time) and labels, so adding or
+editing an image or a split file rebuilds it.
 """
 from __future__ import annotations
 
@@ -33,11 +34,14 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from fl.core import Split
+from fl.core.mapped_images import MappedImages
 from fl.core.registry import register_dataset
+from fl.data import cache
 from fl.data.base import DataError, Pool, check_no_variant
+from fl.data.cache import parts_of
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png")
-CACHE_VERSION = "v1"
+CACHE_VERSION = "v2"  # of the decoding (_decode) and the key; a change rebuilds every cache
 SPLIT_SEED = 20240601  # fixed on purpose: see the module docstring
 
 Entry = tuple[Path, int, int]  # (image file, label, domain id)
@@ -72,33 +76,26 @@ def decode_images(files: list[Path], size: int, obtain: str) -> Tensor:
     return out
 
 
-def cached_images(base: Path, size: int, splits: dict[str, list[Entry]], obtain: str) -> dict[str, Tensor]:
-    """Decoded images of each split, from <base>/.fl_cache_<size>.pt when it matches the file list.
+def cached_images(base: Path, size: int, splits: dict[str, list[Entry]], obtain: str, d: DictConfig,
+                  dataset: str) -> dict[str, Tensor | MappedImages]:
+    """Decoded images of each split, from the image cache in <base>/.fl_cache/<size>px/ (fl/data/cache.py; in
+    memory or memory-mapped, as `data.cache` says) when it was built from these files, else decoded into it first.
 
-    The cache is written only after every image decoded (nothing is written on error), to a temporary
-    file renamed into place, so concurrent runs never read a half-written cache."""
+    The cache is keyed by the decoder's version, the size and every file's path, size, modification time, label and
+    domain, so an edited, added or relabelled image rebuilds it. A decode error writes nothing."""
     h = hashlib.sha1(f"{CACHE_VERSION}|{size}".encode())
     for name, entries in splits.items():
         h.update(f"#{name}\n".encode())
         for path, label, domain in entries:
-            h.update(f"{path.relative_to(base).as_posix()}|{label}|{domain}\n".encode())
-    key = h.hexdigest()
-    cache = base / f".fl_cache_{size}.pt"
-    if cache.is_file():
-        try:
-            blob = torch.load(cache, map_location="cpu", weights_only=True)
-            if blob.get("key") == key:
-                return {name: blob[name] for name in splits}
-        except Exception:  # a corrupt or foreign cache is rebuilt, never trusted
-            pass
-    blob = {name: decode_images([e[0] for e in entries], size, obtain) for name, entries in splits.items()}
-    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-    try:
-        torch.save({"key": key, **blob}, tmp)
-        os.replace(tmp, cache)
-    except OSError:  # a read-only dataset folder or a full disk: work without the cache
-        tmp.unlink(missing_ok=True)
-    return blob
+            st = path.stat()
+            h.update(f"{path.relative_to(base).as_posix()}|{label}|{domain}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    files = [e[0] for entries in splits.values() for e in entries]
+    counts = {name: len(entries) for name, entries in splits.items()}
+    parts = parts_of(counts, 3 * size * size)
+    starts = np.cumsum([0, *parts]).tolist()
+    return cache.cached_images(d, dataset=dataset, folder=base, tag=f"{size}px", key=h.hexdigest(), counts=counts,
+                               shape=(3, size, size), parts=parts,
+                               fill=lambda i: decode_images(files[starts[i]:starts[i + 1]], size, obtain))
 
 
 def list_images(folder: Path) -> list[Path]:
@@ -231,7 +228,7 @@ def load_domains(spec: DomainDataset, d: DictConfig) -> Pool:
     for dom_id, domain in enumerate(spec.domains):
         for split, entries in _domain_entries(spec, base, domain, dom_id).items():
             splits[split] += entries
-    x = cached_images(base, size, splits, spec.obtain)
+    x = cached_images(base, size, splits, spec.obtain, d, spec.name)
 
     def as_split(name: str) -> Split:
         entries = splits[name]

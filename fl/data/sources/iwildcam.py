@@ -65,7 +65,7 @@ def load_iwildcam(d: DictConfig) -> Pool:
     for name, entries in splits.items():
         if not entries:
             raise DataError(base / "metadata.csv", f"rows of the WILDS split {name!r}", OBTAIN)
-    x = cached_images(base, int(d.image_size or DEFAULT_SIZE), splits, OBTAIN)
+    x = cached_images(base, int(d.image_size or DEFAULT_SIZE), splits, OBTAIN, d, "iwildcam")
     parts = {name: Split(x[name], torch.tensor([e[1] for e in entries], dtype=torch.int64),
                          torch.tensor([e[2] for e in entries], dtype=torch.int64)) for name, entries in splits.items()}
     return Pool("iwildcam", parts["train"], parts["test"], NUM_CLASSES, [f"species{k}" for k in range(NUM_CLASSES)],

@@ -67,7 +67,8 @@ def load_tinyimagenet(d: DictConfig) -> Pool:
     check_no_variant(d, "tinyimagenet")
     base = Path(d.root) / FOLDER
     wnids, train, test = _entries(base)
-    x = cached_images(base, int(d.image_size or DEFAULT_SIZE), {"train": train, "test": test}, OBTAIN)
+    x = cached_images(base, int(d.image_size or DEFAULT_SIZE), {"train": train, "test": test}, OBTAIN, d,
+                      "tinyimagenet")
     y = {name: torch.tensor([e[1] for e in entries], dtype=torch.int64)
          for name, entries in (("train", train), ("test", test))}
     return Pool("tinyimagenet", Split(x["train"], y["train"]), Split(x["test"], y["test"]), len(wnids), wnids,

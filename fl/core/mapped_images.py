@@ -1,0 +1,125 @@
+"""Images read in place from a memory-mapped uint8 file (`data.cache=mmap`): a pool larger than memory is indexed,
+never loaded. fl/data/cache.py writes the file; a split's `x` is then a `MappedImages`, the rows of the map it holds,
+and every batch is gathered from the map into a fresh (pinned, for a CUDA device) buffer."""
+from __future__ import annotations
+
+import math
+import mmap
+import threading
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+# A gather's pages stay in the page cache (shared by every process that maps the file, given back under memory
+# pressure) but are dropped from this process's mapping every RELEASE_BYTES read, so its resident set holds a window
+# of the pool, not every image it has read so far.
+RELEASE_BYTES = 256 << 20
+
+
+class ImageMap:
+    """uint8 images [N, *shape[1:]] stored raw (C order) from byte `offset` of `path`, mapped read-only and shared
+    (a private writable map of a file larger than memory is refused by the kernel's overcommit check).
+
+    A gather asks the kernel for exactly its rows' pages first (MADV_WILLNEED, one read per row), then copies them
+    (numpy's take): with the default readahead a fault reads a whole window around it (8 MiB on the development
+    machine, 15x a batch of 224 px images, which thrashes the page cache), so the map is advised MADV_RANDOM; torch's
+    index_select on 4-d uint8 rows is 10-40x slower than numpy's take (bench/README.md, "Datasets larger than
+    memory")."""
+
+    def __init__(self, path: Path, shape: tuple[int, ...], offset: int = 0):
+        self.path, self.shape, self.offset = Path(path), tuple(int(s) for s in shape), int(offset)
+        self.row_bytes = math.prod(self.shape[1:])
+        n = self.shape[0] * self.row_bytes
+        self._map: Optional[mmap.mmap] = None
+        self._rows = np.zeros((self.shape[0], self.row_bytes), dtype=np.uint8)
+        if n:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), self.offset + n, access=mmap.ACCESS_READ)
+            self._map.madvise(mmap.MADV_RANDOM)
+            self._rows = np.frombuffer(self._map, dtype=np.uint8, count=n, offset=self.offset).reshape(
+                self.shape[0], self.row_bytes)
+        self._read = 0
+        self._lock = threading.Lock()  # gathers come from the training thread and the prefetching one
+
+    def gather(self, rows: Tensor, pin: bool) -> Tensor:
+        """The images at `rows` (CPU int64 positions) in a new tensor, in pinned memory if `pin`."""
+        out = torch.empty((len(rows),) + self.shape[1:], dtype=torch.uint8, pin_memory=pin)
+        if not len(rows):
+            return out
+        at = rows.numpy().astype(np.int64, copy=False)
+        if at.min() < 0 or at.max() >= self.shape[0]:
+            raise IndexError(f"rows {int(at.min())}..{int(at.max())} of an image map of {self.shape[0]}")
+        page = mmap.PAGESIZE
+        for start in (at * self.row_bytes + self.offset).tolist():
+            self._map.madvise(mmap.MADV_WILLNEED, start - start % page, start % page + self.row_bytes)
+        np.take(self._rows, at, axis=0, out=out.numpy().reshape(len(at), -1), mode="clip")  # in bounds: checked
+        with self._lock:
+            self._read += out.numel()
+            release, self._read = self._read >= RELEASE_BYTES, self._read % RELEASE_BYTES
+        if release:
+            self._map.madvise(mmap.MADV_DONTNEED)  # unmap, not evict: the next read is a page-cache hit
+        return out
+
+    def __reduce__(self):  # a copy (pickle, deepcopy) maps the same file again
+        return ImageMap, (self.path, self.shape, self.offset)
+
+
+class MappedImages:
+    """The images of `rows` of an ImageMap, in that order: a split's `x` without a copy. It answers what code asks of
+    an image tensor (shape, dtype, device, dim, x[idx] as a tensor) and `select` makes sub-views, so a split of it is
+    subset and concatenated as index lists. `value_range` is the (min, max) pixel of these rows when known (the cache
+    records it per split), so checking the pool does not read it all."""
+
+    def __init__(self, source: ImageMap, rows: Tensor, value_range: Optional[tuple[int, int]] = None):
+        self.source, self.rows, self.value_range = source, rows, value_range
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((len(self.rows),) + self.source.shape[1:])
+
+    dtype = torch.uint8
+    device = torch.device("cpu")  # the map is host memory, whatever data.on_device says
+
+    def dim(self) -> int:
+        return len(self.source.shape)
+
+    def is_floating_point(self) -> bool:
+        return False
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def select(self, idx) -> MappedImages:
+        """The sub-view of positions `idx` (a slice, an index or a boolean mask), sharing the map."""
+        return MappedImages(self.source, self.rows[idx])
+
+    def gather(self, idx, pin: bool = False) -> Tensor:
+        """The images at positions `idx` of this view, read from the map into a new (pinned if `pin`) tensor."""
+        if isinstance(idx, int):
+            return self.source.gather(self.rows[idx:idx + 1 or None], pin)[0]
+        return self.source.gather(self.rows[idx], pin)
+
+    __getitem__ = gather  # x[idx] is a tensor, as for an image tensor
+
+    def load(self) -> Tensor:
+        """Every image of the view, in memory."""
+        return self.gather(slice(None))
+
+    def extrema(self) -> tuple[int, int]:
+        """(min, max) pixel of the view: the recorded range, or else read through the map in pieces."""
+        if self.value_range is not None:
+            return self.value_range
+        lo, hi = 255, 0
+        for part in self.rows.split(max(1, RELEASE_BYTES // max(1, self.source.row_bytes))):
+            x = self.source.gather(part, pin=False)
+            lo, hi = min(lo, int(x.min())), max(hi, int(x.max()))
+        return lo, hi
+
+    @staticmethod
+    def cat(views: list[MappedImages]) -> MappedImages:
+        if any(v.source is not views[0].source for v in views):
+            raise ValueError("cannot join views of different image maps")
+        return MappedImages(views[0].source, torch.cat([v.rows for v in views]))
