@@ -171,3 +171,20 @@ def test_a_checkpoint_path_that_is_a_directory_is_refused_before_training(out, c
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{path} is not a checkpoint file" in err
     assert len(read_metrics(run_dir)) == 2  # refused before a round was trained
+
+
+def test_a_run_made_before_a_key_existed_is_refused_naming_the_key(out, capsys):
+    # an older fl wrote neither the key in config.yaml nor in the checkpoint; its default now may not be what ran then
+    run_dir = run_tiny(out, "trainer.rounds=2", name="old")
+    path = run_dir / "config.yaml"
+    cfg = OmegaConf.load(path)
+    del cfg.server["aggregator"]
+    path.write_text(OmegaConf.to_yaml(cfg))
+    ckpt = ckpt_dir(run_dir) / "last.ckpt"
+    state = torch.load(ckpt, weights_only=False)
+    del state["config"]["server"]["aggregator"]
+    torch.save(state, ckpt)
+    assert main([f"resume={run_dir}", "trainer.rounds=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "server.aggregator did not exist when the run was made" in err
+    assert "='mean'" in err and len(read_metrics(run_dir)) == 2  # nothing ran

@@ -91,12 +91,29 @@ def _leaf_keys(node: Any) -> list[str]:
     return list(_leaves(node))
 
 
+class _Absent:
+    """A key one side of a config_diff does not have (a key added to fl after the run was made)."""
+
+    def __repr__(self) -> str:
+        return "no such key"
+
+
+ABSENT = _Absent()
+
+
 def config_diff(old: Any, new: Any, ignore: tuple[str, ...] = RESUMABLE_KEYS) -> list[tuple[str, Any, Any]]:
     """(key, old value, new value) for each resolved leaf that differs, keys starting with `ignore` aside;
-    a key missing on one side shows as None there."""
+    a key missing on one side shows as ABSENT there."""
     a, b = _leaves(old, resolve=True), _leaves(new, resolve=True)
-    return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())
-            if not k.startswith(ignore) and a.get(k) != b.get(k)]
+    return [(k, a.get(k, ABSENT), b.get(k, ABSENT)) for k in sorted(a.keys() | b.keys())
+            if not k.startswith(ignore) and a.get(k, ABSENT) != b.get(k, ABSENT)]
+
+
+def added_key_message(key: str, new: Any) -> str:
+    """Why a run made before `key` existed is not continued: nothing says the key's default is what that run did."""
+    return (f"resume: {key} did not exist when the run was made (this version of fl sets {key}={new!r}); a run "
+            "continues only under the config it was made with, and nothing says this default is what it did: "
+            "start a new run")
 
 
 def refuse_moved_keys(node: DictConfig, where: str) -> None:
@@ -460,6 +477,8 @@ def _resume_base(resume: str, conf: Optional[str], cli: DictConfig, argv: list[s
         changed = config_diff(saved, OmegaConf.merge(saved, cli))
     if changed:
         key, old, new = changed[0]
+        if old is ABSENT:
+            raise ConfigError(added_key_message(key, new))
         raise ConfigError(f"{key} cannot change when resuming: the run has {old!r}, this command {new!r} "
                           f"(only {', '.join(RESUMABLE_KEYS)} may)")
     return saved

@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig
 
 from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
+from fl.config.load import ABSENT, added_key_message
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
 from fl.core.callbacks import CallbackError, make_callbacks
 from fl.core.exchange import gather_objects
@@ -103,6 +104,8 @@ def resume_point(cfg: DictConfig, data) -> tuple[Path, dict, list[str]] | None:
     changed = config_diff(state["config"], cfg) if "config" in state else []
     if changed:
         key, old, new = changed[0]
+        if old is ABSENT:
+            raise ConfigError(added_key_message(key, new))
         raise ConfigError(f"resume: {Path(cfg.resume) / 'config.yaml'} has {key}={new!r} but {path} was written "
                           f"with {old!r}; a checkpoint continues only the run that wrote it (restore config.yaml or "
                           "start a new run)")
