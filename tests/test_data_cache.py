@@ -260,3 +260,14 @@ def test_a_build_killed_part_way_resumes_where_it_stopped(out):
     fake_pacs(out / "fresh", per_class=4)  # the same images, built in one go
     fresh = load_pacs(cfg(out / "fresh", image_size=8, cache="memory"))
     assert torch.equal(torch.cat([pool.train.x, pool.test.x]), torch.cat([fresh.train.x, fresh.test.x]))
+
+
+def test_a_map_far_larger_than_memory_opens_and_gathers_without_holding_the_pool(tmp_path):
+    # a sparse 256 GiB file: mapping it costs nothing, anything sized by the pool (a placeholder array) cannot be made
+    rows, shape = 1 << 20, (3, 256, 341)  # 256 GiB
+    path = tmp_path / "images.u8"
+    with open(path, "wb") as f:
+        f.truncate(rows * 3 * 256 * 341)
+    images = ImageMap(path, (rows, *shape))
+    got = images.gather(torch.tensor([0, rows - 1, 7]), pin=False)
+    assert got.shape == (3, *shape) and not got.any()

@@ -34,8 +34,9 @@ class ImageMap:
         self.row_bytes = math.prod(self.shape[1:])
         n = self.shape[0] * self.row_bytes
         self._map: Optional[mmap.mmap] = None
-        self._rows = np.zeros((self.shape[0], self.row_bytes), dtype=np.uint8)
-        if n:
+        if not n:  # nothing to map (mmap refuses length 0)
+            self._rows = np.zeros((self.shape[0], self.row_bytes), dtype=np.uint8)
+        else:
             with open(self.path, "rb") as f:
                 self._map = mmap.mmap(f.fileno(), self.offset + n, access=mmap.ACCESS_READ)
             self._map.madvise(mmap.MADV_RANDOM)
