@@ -27,6 +27,34 @@ TINY = ["logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients
         "trainer.participation=0.5", "trainer.checkpoint_every=2", "trainer.eval_every=1",
         "evaluators.adaptability.every=1"]  # every evaluator on every round: resuming with more rounds changes nothing
 
+def markdown_headings(text: str) -> list[tuple[int, str, int]]:
+    """(level, title, line index) of each Markdown heading outside fenced code blocks (a `# comment` in a bash
+    block is not a heading)."""
+    headings, fenced = [], False
+    for i, line in enumerate(text.splitlines()):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            marks = len(line) - len(line.lstrip("#"))
+            if line[marks:marks + 1] == " ":
+                headings.append((marks, line[marks + 1:].strip(), i))
+    return headings
+
+
+def doc_section(path: str, heading: str) -> str:
+    """The text under `heading` (e.g. "## Adding a method") in the Markdown file at `path` (relative to the
+    repository root), up to the next heading of the same or a higher level: the docs move, the tests that run
+    their examples follow the section."""
+    text = (ROOT / path).read_text()
+    lines = text.splitlines()
+    level, title = len(heading) - len(heading.lstrip("#")), heading.lstrip("#").strip()
+    headings = markdown_headings(text)
+    found = [i for lv, t, i in headings if lv == level and t == title]
+    assert len(found) == 1, f"{path} has {len(found)} headings {heading!r}"
+    end = next((i for lv, _, i in headings if i > found[0] and lv <= level), len(lines))
+    return "\n".join(lines[found[0] + 1:end])
+
+
 # Set by conftest's autouse fixture: whether the running test is marked slow (None outside a test).
 current_test_is_slow: bool | None = None
 

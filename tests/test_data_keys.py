@@ -1,5 +1,5 @@
 """Where the data keys live (issue 26, item 16): a key written under the wrong data block is refused naming the
-block that has it, and a per-seed data file (`data.root=..._s${seed}.npz`, as the README documents) gives each
+block that has it, and a per-seed data file (`data.root=..._s${seed}.npz`, as docs/data.md documents) gives each
 seed of a sweep its own file."""
 from __future__ import annotations
 

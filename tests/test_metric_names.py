@@ -104,13 +104,14 @@ def test_a_run_logs_the_new_names_under_test_and_val_and_the_sweeps_name_them(tm
 
 
 def test_nothing_outside_the_alias_map_names_an_old_metric():
-    """The code, configs, sweeps, bench scripts and notebook use today's names; the README names the old ones only
-    in the paragraph that says how old runs are read."""
+    """The code, configs, sweeps, bench scripts and notebook use today's names; the README and docs/ name the old
+    ones only in the paragraph that says how old runs are read (docs/metrics.md)."""
     files = [p for d in ("fl", "conf", "sweeps", "bench", "notebooks") for p in (ROOT / d).rglob("*")
              if p.is_file() and p.suffix in (".py", ".yaml", ".md", ".ipynb", ".sh")]
     found = [str(p.relative_to(ROOT)) for p in files if p.name != "aliases.py" and OLD.search(p.read_text())]
     assert not found
-    paragraphs = (ROOT / "README.md").read_text().split("\n\n")
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    paragraphs = [p for doc in docs for p in doc.read_text().split("\n\n")]
     naming = [p for p in paragraphs if OLD.search(p)]
     assert len(naming) == 1 and "fl/report/aliases.py" in naming[0]
 

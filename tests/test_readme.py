@@ -1,22 +1,19 @@
-"""The README's examples work: "Adding a method" registered under a test name runs, keeps its persistent
-attribute per client across rounds, and K clients at once give its sequential run; "Datasets larger than memory"
-maps the pool and runs as the pool in memory does."""
+"""The docs' examples work: the README's "Adding a method" registered under a test name runs, keeps its persistent
+attribute per client across rounds, and K clients at once give its sequential run; docs/larger-than-memory.md's
+worked example maps the pool and runs as the pool in memory does."""
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 import torch
 
 from fl.core import sample_clients
-from tests.helpers import assert_same_rows, global_params, load_ckpt, read_metrics, run_cli, run_tiny
-
-README = Path(__file__).resolve().parent.parent / "README.md"
+from tests.helpers import assert_same_rows, doc_section, global_params, load_ckpt, read_metrics, run_cli, run_tiny
 
 
 def register_example(name: str) -> None:
     """The README's "Adding a method" example, registered as method `name`."""
-    section = README.read_text().split("## Adding a method", 1)[1]
+    section = doc_section("README.md", "## Adding a method")
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     exec(compile(code.replace('"mymethod"', f'"{name}"'), "README.md", "exec"), {})
 
@@ -56,7 +53,7 @@ def test_the_example_trains_k_clients_at_once_as_one_at_a_time(out, monkeypatch)
 
 @pytest.mark.slow
 def test_the_larger_than_memory_example_maps_the_pool_and_runs_as_the_pool_in_memory(out):
-    section = README.read_text().split("**Datasets larger than memory**", 1)[1].split("**Bring your own data**")[0]
+    section = doc_section("docs/larger-than-memory.md", "# Datasets larger than memory")
     commands = [shlex.split(line) for line in re.search(r"```bash\n(.*?)```", section, re.S).group(1).splitlines()]
     assert [c[:3] for c in commands] == [["python", "-m", "fl.train"]] * 2
     runs = [run_cli(c[3:] + ["logger.wandb.mode=disabled", "logger.progress=false"], cwd=out) for c in commands]

@@ -5,8 +5,8 @@ on a few shifted samples per client: losses of 1e5 to 1e36, every head collapsed
 The rule: a client's round diverged when its mean training loss exceeds GROWTH x max(1, the mean training loss of
 the run's first trained round), or the norm of its uploaded parameters exceeds GROWTH x the norm of the same
 parameters in the initial model. The floor of 1 keeps a loss that starts near 0 from counting growth to 0.5 as
-divergence. Healthy runs stay far below both limits (README, "Divergence": the largest ratios measured over the
-shipped configs' synthetic twins)."""
+divergence. Healthy runs stay far below both limits (docs/reproducibility.md, "Divergence": the largest ratios
+measured over the shipped configs' synthetic twins)."""
 from __future__ import annotations
 
 import math

@@ -17,7 +17,7 @@ Runs a federated experiment: conf=NAME loads conf/NAME.yaml (default: quickstart
 config key, e.g.  python -m fl.train conf=fedprox_embedded method.mu=0.1 trainer.rounds=50 seed=3
 A run writes outputs/<run>/ (config.yaml, metrics.jsonl, summary.json, checkpoints/); resume=<run dir>
 continues it. Exit codes: 0 done, 1 a training fault, 2 bad configuration or data (nothing written),
-130 interrupted. The README lists every config key."""
+130 interrupted. The README's config tree and docs/data.md list every config key."""
 
 KINDS = ("methods", "configs", "datasets", "models", "evaluators")
 
