@@ -32,7 +32,7 @@ How it maps onto this framework:
   model back and evaluates the re-trained one).
 - The per-class CE gradient of a linear classifier is taken in closed form, d/dW = (softmax - onehot)^T z / n and
   d/db = mean(softmax - onehot), batched over the classes: the same gradient as autograd of the CE
-  (tests/test_baselines_creff.py checks it), and the gradient matching stays differentiable in the features.
+  (tests/methods/test_baselines_creff.py checks it), and the gradient matching stays differentiable in the features.
 - The server state is the federated features and phi (state_dict), so checkpoints and resume carry them. The
   features start as standard normal draws (the authors' code: torch.randn), seeded by (seed, 0, -1,
   "creff/features"); phi^0 is the initial model's head (the code draws a fresh nn.Linear, the same distribution).

@@ -2,7 +2,7 @@
 classifier gradient against autograd, the aggregation of the real gradients, the matching loss and one feature step,
 the re-training against hand-written SGD, and how server_step composes them); the clients' training is FedAvg's
 bitwise and their message is the received model's per-class gradient; evaluation scores the re-trained classifier;
-resume equals an uninterrupted run, federated features included (its configs: tests/test_baseline_configs.py)."""
+resume equals an uninterrupted run, federated features included (its configs: tests/config/test_baseline_configs.py)."""
 import math
 from pathlib import Path
 from types import SimpleNamespace

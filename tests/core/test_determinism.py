@@ -17,7 +17,7 @@ from fl.methods.pfedfda.stats import estimate
 from fl.run.determinism import CUBLAS_WORKSPACE
 from tests.helpers import global_params, read_metrics, run_tiny
 
-FL = Path(__file__).resolve().parent.parent / "fl"
+FL = Path(__file__).resolve().parents[2] / "fl"
 
 
 def index_add(values, labels, num_classes):

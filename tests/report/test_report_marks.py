@@ -12,7 +12,7 @@ from fl.report.cli import main, write_report
 from fl.report.groups import group_runs
 from fl.report.runs import load_local
 from fl.report.tables import model_selection, model_selection_table, table_rows
-from tests.test_report import cell, fake_run
+from tests.report.test_report import cell, fake_run
 
 ACC = "test/acc_mean_clients"
 EARLY, LATE = "2025-03-01T10:00:00.000Z", "2025-03-02T10:00:00.000Z"
@@ -189,7 +189,7 @@ def test_wandb_runs_are_counted_and_marked_the_same_way(tmp_path):
     """From W&B: the newest of identical runs by the run's last log time (summary _timestamp), and the
     "diverged" entry of its summary."""
     from fl.report.wandb_access import load_wandb
-    from tests.test_report import FakeApi, FakeWandbRun
+    from tests.report.test_report import FakeApi, FakeWandbRun
 
     root = tmp_path / "runs"
     remote = []

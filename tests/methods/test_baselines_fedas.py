@@ -2,7 +2,7 @@
 tensors; the alignment steps by hand from the broadcast body and the client's previous local body (and 0 steps leave
 the received body as it came); tr(F_i) by hand for both estimators (full batches only, as the authors' loader); the
 Fisher-weighted server step by hand on fabricated uploads (equal traces give the plain mean); align_steps = 0 with n_i
-weights is FedPer exactly; resume equals the uninterrupted run (its configs: tests/test_baseline_configs.py)."""
+weights is FedPer exactly; resume equals the uninterrupted run (its configs: tests/config/test_baseline_configs.py)."""
 import copy
 import math
 from types import SimpleNamespace

@@ -10,7 +10,7 @@ from fl.report.groups import group_runs
 from fl.report.plots import file_stem, final_client_values, sweep_points
 from fl.report.runs import load_local
 from fl.report.tables import fmt_stat
-from tests.test_report import cell, fake_run
+from tests.report.test_report import cell, fake_run
 
 
 def test_accuracies_in_percent_other_metrics_as_logged():

@@ -130,7 +130,7 @@ def test_sweep_files_name_real_keys():
 
     import yaml
 
-    for path in Path(__file__).resolve().parent.parent.glob("sweeps/*.yaml"):
+    for path in Path(__file__).resolve().parents[2].glob("sweeps/*.yaml"):
         sweep = yaml.safe_load(path.read_text())
         params = dict(sweep["parameters"])
         # the config: fixed in the command, or itself a parameter (a comparison over configs)

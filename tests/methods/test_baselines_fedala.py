@@ -2,7 +2,7 @@
 initialisation (Eq. 4), the weights' gradient (Eq. 6) and their clipped step (Eq. 5) by hand on fabricated tensors;
 in a run, each round starts from ALA of the client's old local model and the global model (skipped in the first
 round, to convergence on a client's first ALA, one pass afterwards, on an s% sample), clients are scored with their
-local models; resume equals uninterrupted (its configs: tests/test_baseline_configs.py)."""
+local models; resume equals uninterrupted (its configs: tests/config/test_baseline_configs.py)."""
 import math
 from collections import OrderedDict
 

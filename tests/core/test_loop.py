@@ -22,8 +22,8 @@ from fl.run.train import main
 from tests.helpers import (
     ROOT,
     assert_same_rows,
-    ctrl_c_at_round,
     global_params,
+    interrupted_and_resumed,
     load_ckpt,
     one_and_two_processes,
     read_metrics,
@@ -161,13 +161,7 @@ def test_a_nan_before_any_checkpoint_does_not_point_at_a_missing_one(out, capsys
 
 
 def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_same_run(out, monkeypatch):
-    full = run(out, "trainer.rounds=5", "trainer.checkpoint_every=10", name="full")
-    undo = ctrl_c_at_round(monkeypatch, 3)
-    assert main(tiny(out, "trainer.rounds=5", "trainer.checkpoint_every=10", "logger.run_name=cut")) == 130
-    cut = out / "outputs" / "cut"
-    assert load_ckpt(cut)["round"] == 2
-    undo()
-    assert main([f"resume={cut}"]) == 0
+    full, cut = interrupted_and_resumed(out, monkeypatch, "trainer.rounds=5", "trainer.checkpoint_every=10", at_round=3)
     assert read_metrics(cut) == read_metrics(full)
 
 

@@ -18,9 +18,9 @@ from fl.run.train import main
 from fl.sweep.runner import Job, _metric_value
 from fl.sweep.spec import load_sweep
 from tests.helpers import load_ckpt, orchestrator, read_metrics, run_tiny, tiny
-from tests.test_report import FakeApi, FakeWandbRun, fake_run
+from tests.report.test_report import FakeApi, FakeWandbRun, fake_run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OLD = re.compile(r"\b(?:test|val)/(?:acc_global|global_acc|global_acc_client_dist)\b")
 NEW = ("test/acc_global_micro", "test/acc_global_balanced", "test/acc_global_client_dist")
 

@@ -3,7 +3,7 @@ projections onto the normal planes of the original updates, Stage 2's max-min st
 rescaling, per-layer scope), the paper's guarantees (the step serves every client of a two-client conflict; d* is the
 best worst-client step in the ball), FedRep's average exactly without conflicts at c = 0, end to end: one-client
 rounds are FedRep's at c = 0 and (1 + c) times its step otherwise, a round equals the step on the uploaded messages,
-resume equals uninterrupted (its configs: tests/test_baseline_configs.py)."""
+resume equals uninterrupted (its configs: tests/config/test_baseline_configs.py)."""
 import functools
 import math
 

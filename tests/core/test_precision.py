@@ -243,7 +243,7 @@ def test_resumed_equals_uninterrupted_under_16_mixed(out, monkeypatch):
 @pytest.mark.slow
 def test_one_and_two_processes_agree_under_16_mixed(out):
     common = tiny(out, *JUMPY, "trainer.rounds=3", "trainer.participation=1.0")
-    script = (str(Path(__file__).with_name("jumpy_loss_scale.py")),)
+    script = (str(Path(__file__).parents[1] / "jumpy_loss_scale.py"),)
     one = run_cli(common + ["logger.run_name=one"], cwd=out, script=script)
     two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out, script=script)
     assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-FL = Path(__file__).resolve().parent.parent / "fl"
+FL = Path(__file__).resolve().parents[2] / "fl"
 
 # package -> the packages it may import. core is the engine and imports nothing of fl; methods, datasets,
 # models and evaluators plug into it through its registry.

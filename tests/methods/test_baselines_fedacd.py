@@ -1,7 +1,7 @@
 """FedNova, FedLC, FedNTD and FedDecorr (fl/methods/fednova.py, fedlc.py, fedntd.py, feddecorr.py), FedACD's
 baselines: each one's defining property (FedNova with equal local steps is FedAvg, and its normalised step in closed
 form with unequal ones; FedLC on a uniform label mix is FedAvg; FedNTD and FedDecorr with beta = 0 are FedAvg
-bitwise) and their losses by hand (their configs: tests/test_baseline_configs.py).
+bitwise) and their losses by hand (their configs: tests/config/test_baseline_configs.py).
 None of the four keeps state beyond FedAvg's (the global model): the checkpoints are checked to hold nothing else."""
 from pathlib import Path
 

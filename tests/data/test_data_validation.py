@@ -88,7 +88,7 @@ def test_float_images_without_a_channel_axis_train_with_the_default_cnn(out):
 
 def test_float_images_channel_last_become_nchw(out):
     from fl.data.sources.arrays import load_arrays
-    from tests.test_loaders import cfg
+    from tests.data.test_loaders import cfg
 
     x = images(8, 8, 3)
     pool = load_arrays(cfg(fakes.arrays(out / "nhwc.npz", x=x, y=Y)))

@@ -8,8 +8,8 @@ import pytest
 
 from fl.report.cli import main
 from fl.report.runs import ReportError, load_local, load_sweeps
-from tests.test_report import cell, fake_run
-from tests.test_report_polish import sweep_dir
+from tests.report.test_report import cell, fake_run
+from tests.report.test_report_polish import sweep_dir
 
 ACC = "test/acc_mean_clients"
 

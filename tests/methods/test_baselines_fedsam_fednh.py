@@ -1,7 +1,7 @@
 """FedSAM (fl/methods/fedsam.py) and FedNH (fl/methods/fednh.py): FedSAM with rho = 0 is FedAvg exactly and its
 step matches SAM written by hand; FedSAM-FT is FedSAM plus the fine-tuning protocol; FedNH's server prototype update
 by hand on fabricated messages and end to end, unit-norm and seeded prototypes, resume (their configs:
-tests/test_baseline_configs.py)."""
+tests/config/test_baseline_configs.py)."""
 import math
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from tests.helpers import (
     tiny,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

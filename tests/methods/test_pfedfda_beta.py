@@ -13,7 +13,7 @@ import torch
 from fl.methods.pfedfda.stats import bounded_min, cv_objective, cv_parts, estimate, solve_beta
 from tests.helpers import TorchCalls
 
-FIXTURE = Path(__file__).parent / "data" / "pfedfda_beta_linesearch_fail.pt"
+FIXTURE = Path(__file__).parents[1] / "data" / "pfedfda_beta_linesearch_fail.pt"
 
 
 @pytest.fixture(autouse=True)

@@ -253,12 +253,12 @@ def test_one_and_two_processes_agree(out):
         torch.testing.assert_close(cb["server"]["global_params"][k], v, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).parent.parent / "conf").glob("pfedfda_*.yaml")))
+@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).parents[2] / "conf").glob("pfedfda_*.yaml")))
 def test_configs_load_with_the_papers_settings(name):
     cfg = load_config([f"conf={name}"])
     assert cfg.method.name == "pfedfda" and cfg.method.beta_mode == "single" and cfg.method.cov_reg == "code"
     assert cfg.optim.lr == 0.01 and cfg.optim.momentum == 0.5 and cfg.optim.weight_decay == 5e-4
     assert cfg.model.name in {"cifarnet", "emnistnet", "resnet18"} and cfg.trainer.drop_last
     assert (cfg.data.name in {"embedded", "embedded_domains"}) == name.endswith("_synthetic")
-    twin = Path(__file__).parent.parent / "conf" / (name if name.endswith("_synthetic") else name + "_synthetic")
+    twin = Path(__file__).parents[2] / "conf" / (name if name.endswith("_synthetic") else name + "_synthetic")
     assert twin.with_suffix(".yaml").is_file()

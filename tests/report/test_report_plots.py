@@ -13,7 +13,7 @@ from matplotlib.collections import LineCollection, PolyCollection  # noqa: E402
 from fl.report.groups import group_runs, short_settings  # noqa: E402
 from fl.report.plots import all_figures, curve_plot, sweep_plot  # noqa: E402
 from fl.report.runs import load_local  # noqa: E402
-from tests.test_report import fake_run  # noqa: E402
+from tests.report.test_report import fake_run  # noqa: E402
 
 ACC = "test/acc_mean_clients"
 
