@@ -20,7 +20,8 @@ cmd=${1:-quickstart}
 shift || true
 case "$cmd" in
   quickstart) exec "$VENV/bin/python" -m fl.train "$@" ;;
-  test) exec "$VENV/bin/python" -m pytest "$@" ;;
+  # one pytest worker per core (tests pin their runs to one thread); the slowest tests are listed at the end
+  test) exec "$VENV/bin/python" -m pytest -n auto --durations=25 "$@" ;;
   lint) exec "$VENV/bin/ruff" check fl tests bench "$@" ;;
   bench) exec "$VENV/bin/python" bench/fedavg_overhead.py "$@" ;;
   *) echo "usage: bash scripts/dev.sh quickstart|test|lint|bench [args]" >&2; exit 2 ;;
