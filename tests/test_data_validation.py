@@ -91,10 +91,10 @@ def test_float_images_channel_last_become_nchw(out):
     from tests.test_loaders import cfg
 
     x = images(8, 8, 3)
-    pool = load_arrays(cfg(fakes.arrays(out / "nhwc.npz", x=x, y=Y)))
+    pool = load_arrays(cfg(fakes.arrays(out / "nhwc.npz", x=x, y=Y), "arrays"))
     assert pool.train.x.shape == (N, 3, 8, 8) and torch.equal(pool.train.x, torch.from_numpy(x).permute(0, 3, 1, 2))
     assert pool.mean is None  # floats are used as given
-    assert load_arrays(cfg(fakes.arrays(out / "feat.npz", x=images(5), y=Y))).train.x.shape == (N, 5)
+    assert load_arrays(cfg(fakes.arrays(out / "feat.npz", x=images(5), y=Y), "arrays")).train.x.shape == (N, 5)
 
 
 def test_colour_transforms_refuse_grayscale_in_one_line(out, capsys):

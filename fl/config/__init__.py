@@ -18,7 +18,6 @@ from fl.config.load import (
 from fl.config.schema import (
                               Config,
                               DataConfig,
-                              EmbeddedConfig,
                               MethodConfig,
                               PartitionConfig,
                               TargetConfig,
@@ -26,7 +25,7 @@ from fl.config.schema import (
                               search_spaces,
 )
 
-__all__ = ["ConfigError", "Config", "DataConfig", "EmbeddedConfig", "MethodConfig", "PartitionConfig", "TargetConfig",
+__all__ = ["ConfigError", "Config", "DataConfig", "MethodConfig", "PartitionConfig", "TargetConfig",
            "param", "search_spaces", "CONF_DIR", "DEFAULT_CONF", "MOVED_KEYS", "RESUMABLE_KEYS", "available_confs",
            "choices_msg", "config_diff", "load_conf_file", "load_config",
            "parse_argv", "resolve_conf_path", "to_yaml", "validate"]

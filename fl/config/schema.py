@@ -151,26 +151,14 @@ class NewClientsConfig:
 
 
 @dataclass
-class EmbeddedConfig:
-    """The procedurally generated datasets (data.name=embedded | embedded_domains)."""
-    num_classes: int = param(10, ge=2)
-    num_domains: int = param(4, ge=1, help="embedded_domains: number of domains (6 visual styles; more domains "
-                             "repeat a style with their own random stream, like more cameras)")
-    samples_per_class: int = param(300, ge=4, help="embedded: images per class; embedded_domains: training "
-                                   "images per class and domain (a third as many test images)")
-    channels: int = param(3, ge=1)
-    noise: float = param(0.6, ge=0.0, help="pixel noise std of the embedded dataset (harder when larger)")
-
-
-@dataclass
 class DataConfig:
-    name: str = param("embedded", help="dataset name (see fl.data registry)")
-    root: str = param("data", help="where datasets live and the embedded dataset is cached")
+    """The keys every dataset takes: where the data live and how the pool is split over the clients. The chosen
+    dataset's own settings (its registration's `Settings`: image_size, download, ...) join them as data.* keys;
+    fl/config/load.py builds the block."""
+    name: str = param("embedded", help="the dataset (python -m fl.train --list datasets)")
+    root: str = param("data", help="where datasets live (for `arrays`: the file) and the embedded dataset is cached")
     on_device: bool = param(True, help="keep all client data on the accelerator (index batching); false keeps "
                             "it in host memory and moves each batch")
-    download: bool = param(False, help="let torchvision download the dataset where it can (needs a network)")
-    variant: Optional[str] = param(None, help="dataset-specific variant, e.g. the EMNIST split")
-    image_size: Optional[int] = param(None, ge=8, help="side of the (square) images; None = the dataset's default")
     num_clients: int = param(20, ge=1)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     pool_splits: bool = param(False, help="merge the official train and test splits before partitioning (FedDRM)")
@@ -203,7 +191,6 @@ class DataConfig:
                           "flip, crop (pad 4), resized_crop (scale 0.9-1), rotate (+-30 degrees)")
     eval_augment: bool = param(False, help="augment evaluation batches too (seeded per batch), as FedDRM's "
                                "official code crops its test images at random; off: evaluation is deterministic")
-    embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
 
 
 @dataclass

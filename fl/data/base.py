@@ -1,16 +1,17 @@
-"""What a loader returns (a Pool, before it is split over the clients) and how a missing dataset is reported."""
+"""What a loader returns (a Pool, before it is split over the clients), the settings loaders share and how a missing
+dataset is reported."""
 from __future__ import annotations
 
 import contextlib
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
-from fl.config import ConfigError
+from fl.config import ConfigError, param
 from fl.core import Split
 
 
@@ -59,10 +60,14 @@ def removed_if_failed(folder: Path):
         raise
 
 
-def check_no_variant(d, dataset: str) -> None:
-    """A loader without variants refuses `data.variant` (EMNIST's split is the one that has them)."""
-    if d.variant is not None:
-        raise ConfigError(f"data.variant={d.variant!r} is not used by {dataset}; choices: null")
+def image_size_param(native: int, what: str = "images") -> Any:
+    """A dataset's `data.image_size` setting: the side its square images are resized to (null: `native`)."""
+    return param(None, ge=8, help=f"side of the square {what}, resized when loaded; null = {native} px")
+
+
+def download_param() -> Any:
+    """The `data.download` setting of a dataset torchvision can fetch."""
+    return param(False, help="let torchvision download the dataset when its files are missing (needs a network)")
 
 
 def check_pool(pool: Pool, where: str) -> None:
