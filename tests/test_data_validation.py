@@ -99,9 +99,9 @@ def test_float_images_channel_last_become_nchw(out):
 
 def test_colour_transforms_refuse_grayscale_in_one_line(out, capsys):
     path = fakes.arrays(out / "gray_u8.npz", x=images(8, 8, dtype=np.uint8), y=Y)
-    assert main(arrays_args(out, path, "data.client_transform=feddrm_color")) == 2
+    assert main(arrays_args(out, path, "data.client_transform.name=feddrm_color")) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: data.client_transform='feddrm_color' needs uint8 RGB images") and "\n" not in err
+    assert err.startswith("error: data.client_transform.name='feddrm_color' needs uint8 RGB images") and "\n" not in err
     assert not (out / "outputs").exists()
 
 

@@ -296,7 +296,7 @@ def test_real_loaders_train_end_to_end(tmp_path, capsys):
 
     fakes.cifar10(tmp_path / "c10", per_batch=40, n_test=30)
     common = ["logger.wandb.mode=disabled", "logger.progress=false", "trainer.rounds=2", "model.width=4",
-              f"logger.output_dir={tmp_path / 'out'}", "data.partition.min_client_size=2"]
+              f"logger.output_dir={tmp_path / 'out'}"]
     assert main(common + ["data.name=cifar10", f"data.root={tmp_path / 'c10'}", "data.num_clients=4",
                           "data.partition.name=classes", "data.partition.classes_per_client=3",
                           "logger.run_name=c10"]) == 0
@@ -308,9 +308,11 @@ def test_real_loaders_train_end_to_end(tmp_path, capsys):
     assert main(common + ["data.name=domainnet", f"data.root={tmp_path / 'dn'}", "data.image_size=16",
                           "data.num_clients=12", "data.partition.name=domains", "data.partition.clients_per_domain=2",
                           "data.partition.within_domain=classes", "data.partition.classes_per_client=5",
+                          "data.partition.min_client_size=2",
                           "data.test_split=official",
                           "logger.run_name=dn"]) == 0
     assert (tmp_path / "out" / "dn" / "partition_domains.png").is_file()
-    assert main(common + ["data.name=cifar10", f"data.root={tmp_path / 'nothing'}", "logger.run_name=x"]) == 2
+    assert main(common + ["data.name=cifar10", f"data.root={tmp_path / 'nothing'}", "data.partition.min_client_size=2",
+                          "logger.run_name=x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert str(tmp_path / "nothing") in err and not (tmp_path / "out" / "x").exists()

@@ -1,6 +1,7 @@
 """The schema of a run, built from what its config chooses: the chosen method's typed config (method.*), the
-chosen dataset's settings (data.*, beside the keys every dataset takes), the chosen partition's (data.partition.*),
-each registered with its plug-in (fl/core/registry.py), and one typed block per evaluator (evaluators.<name>).
+chosen dataset's settings (data.*, beside the keys every dataset takes), the chosen partition's (data.partition.*)
+and client transform's (data.client_transform.*), each registered with its plug-in (fl/core/registry.py), and one
+typed block per evaluator (evaluators.<name>).
 """
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ from functools import cache
 from omegaconf import DictConfig, OmegaConf
 
 from fl.config.errors import ConfigError, choices_msg
-from fl.config.schema import Config, DataConfig
+from fl.config.schema import ClientTransformConfig, Config, DataConfig, PartitionConfig
 from fl.core import registry
 
 
 def data_choices() -> tuple[tuple[str, dict, type], ...]:
     """Each data plug-in choice: the block its `name` key picks it in, the table it names, the keys every choice of
     that block takes. A dataset's settings are data.* keys, beside num_clients and the other pipeline keys."""
-    return (("data", registry.DATASETS, DataConfig),)
+    return (("data", registry.DATASETS, DataConfig), ("data.partition", registry.PARTITIONS, PartitionConfig),
+            ("data.client_transform", registry.CLIENT_TRANSFORMS, ClientTransformConfig))
 
 
 def _default_name(base: type) -> str:
@@ -27,6 +29,7 @@ def _default_name(base: type) -> str:
 def chosen(*sources) -> dict[str, str]:
     """What the sources choose, the last one that names it winning: {"method": ..., "data": ..., "data.partition":
     ...}, each checked against its table."""
+    registry.load_plugins()
     picks = {"method": "fedavg", **{block: _default_name(base) for block, _, base in data_choices()}}
     for src in sources:
         for block in picks:
@@ -59,7 +62,9 @@ def _evaluator_settings():
 
 def schema(picks: dict[str, str]) -> DictConfig:
     """The structured config of a run with these choices (`chosen`)."""
-    data = block_class(DataConfig, registry.DATASETS[picks["data"]])()
+    partition = block_class(PartitionConfig, registry.PARTITIONS[picks["data.partition"]])()
+    transform = block_class(ClientTransformConfig, registry.CLIENT_TRANSFORMS[picks["data.client_transform"]])()
+    data = block_class(DataConfig, registry.DATASETS[picks["data"]])(partition=partition, client_transform=transform)
     return OmegaConf.structured(Config(method=registry.METHODS[picks["method"]].config_cls(), data=data,
                                        evaluators=_evaluator_settings()))
 

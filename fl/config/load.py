@@ -39,12 +39,15 @@ MOVED_KEYS = {
         ("clients_follow_target", "clients_follow"))},
     **{f"data.{k}": f"data.embedded.{k}" for k in ("num_classes", "num_domains", "samples_per_class", "channels",
                                                     "noise")},
+    "data.client_transform_level": "data.client_transform.level",
+    "data.client_transform_after_augment": "data.client_transform.after_augment",
     "trainer.adaptability_every": "evaluators.adaptability.every",
     "trainer.kl_tau": "evaluators.adaptability.kl_tau",
     "method.proj_dim": "model.proj_dim",  # FedDRM's projections and its baselines' share one width
 }
 # Groups that were single values: `data.partition=dirichlet` is now `data.partition.name=dirichlet`.
-BECAME_GROUPS = {"data.partition": "data.partition.name", "data.target": "data.target.distribution"}
+BECAME_GROUPS = {"data.partition": "data.partition.name", "data.target": "data.target.distribution",
+                 "data.client_transform": "data.client_transform.name"}
 
 
 def available_confs() -> list[str]:
@@ -222,6 +225,7 @@ def _elsewhere(key: str, schema_node: DictConfig) -> str:
     block = OmegaConf.select(schema_node, group) if "." in key else None
     homes = [f"{group}.{k}" for k in _leaf_keys(block) if k.rsplit(".", 1)[-1] == leaf] if isinstance(
         block, DictConfig) else []
+    homes += [new for old, new in BECAME_GROUPS.items() if old == f"{group}.{leaf}" != key.rpartition(".")[0]]
     if not homes:
         return ""
     blocks = ", ".join(f"'{h.rpartition('.')[0]}'" for h in homes)

@@ -102,24 +102,10 @@ class FabricConfig:
 
 @dataclass
 class PartitionConfig:
-    """How the pool is split over the clients (fl/data/partition.py)."""
-    name: str = param("dirichlet", choices=["iid", "dirichlet", "dirichlet_per_client", "classes", "shards", "domains",
-                                            "domain_groups"],
-                      help="domain_groups: whole domains dealt to the clients (FedPALS' iWildCam: cameras)")
-    alpha: float = param(0.5, gt=0.0, help="concentration of the Dirichlet label split")
-    balance: bool = param(False, help="dirichlet: a client already holding N/M samples gets no more (fedlab)")
-    min_client_size: int = param(10, ge=1, help="dirichlet: the split is redrawn until every client has this many "
-                                 "samples")
-    samples_per_client: Optional[int] = param(None, ge=1, help="dirichlet_per_client: samples per client "
-                                              "(default: the pool divided evenly)")
-    classes_per_client: int = param(2, ge=1, help="classes / domains+classes: classes held by each client")
-    class_assignment: str = param("round_robin", choices=["round_robin", "random"],
-                                  help="round_robin: consecutive classes of a random permutation; "
-                                  "random: NIID-Bench #C=k (class p mod K plus random others)")
-    shards_per_client: int = param(5, ge=1, help="shards: label-sorted shards per client (FedDRM's S-SPC)")
-    clients_per_domain: int = param(1, ge=1, help="domains: clients carved out of each domain")
-    within_domain: str = param("iid", choices=["iid", "dirichlet", "classes"],
-                               help="domains: label skew inside each domain (classes = FedMosaic's hybrid)")
+    """The keys every partition takes; the chosen partition's own settings (its registration's `Settings`:
+    alpha, classes_per_client, ...) join them as data.partition.* keys (fl/data/partitions/)."""
+    name: str = param("dirichlet", help="how the pool is split over the clients (python -m fl.train --list "
+                      "partitions)")
     labels: str = param("label", choices=["label", "fine"],
                         help="fine: partition on CIFAR-100's fine labels while training on coarse (FedDRM)")
     seed: Optional[int] = param(None, ge=0, help="seed of the split; defaults to the run seed")
@@ -151,6 +137,17 @@ class NewClientsConfig:
 
 
 @dataclass
+class ClientTransformConfig:
+    """The keys every client transform takes; the chosen one's own settings (its registration's `Settings`) join
+    them as data.client_transform.* keys (fl/data/client_transforms/)."""
+    name: str = param("none", help="per-client covariate shift applied to each client's train and test data "
+                      "(python -m fl.train --list client_transforms)")
+    after_augment: bool = param(False, help="apply the client transform to each batch after data.augment (FedDRM's "
+                                "official order: crop, then colour) instead of once to the stored images; transforms "
+                                "with a per-batch form only (feddrm_color)")
+
+
+@dataclass
 class DataConfig:
     """The keys every dataset takes: where the data live and how the pool is split over the clients. The chosen
     dataset's own settings (its registration's `Settings`: image_size, download, ...) join them as data.* keys;
@@ -178,15 +175,7 @@ class DataConfig:
     public_size: int = param(0, ge=0, help="size of the unlabeled public set held out from all clients (FedMosaic)")
     target: TargetConfig = field(default_factory=TargetConfig)
     new_clients: NewClientsConfig = field(default_factory=NewClientsConfig)
-    client_transform: str = param("none", choices=["none", "feddrm_color", "cifar_s"],
-                                  help="per-client covariate shift applied to each client's train and test data")
-    client_transform_level: str = param("auto", choices=["auto", "low", "mid", "high", "pool"],
-                                        help="feddrm_color: the shift's intensity (FedDRM Fig. 5: low, mid, high; "
-                                        "pool = the scalability pool of App. F.2.1; auto = high up to 8 clients, "
-                                        "pool above)")
-    client_transform_after_augment: bool = param(False, help="apply the client transform to each batch after "
-                                                 "data.augment (FedDRM's official order: crop, then colour) instead "
-                                                 "of once to the stored images; deterministic transforms only")
+    client_transform: ClientTransformConfig = field(default_factory=ClientTransformConfig)
     augment: list = param([], help="training-time augmentation, applied per sample on the device in this order: "
                           "flip, crop (pad 4), resized_crop (scale 0.9-1), rotate (+-30 degrees)")
     eval_augment: bool = param(False, help="augment evaluation batches too (seeded per batch), as FedDRM's "

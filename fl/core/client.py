@@ -206,7 +206,7 @@ class ClientModule:
     def make_batch(self, split: Split, idx, augment_gen: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor]:
         """(x, y) of `split[idx]` on the device, normalised in the model's dtype; with a generator, augmented
         first (`data.augment`), as training batches are, then shifted by its owner's client transform when
-        the split has owners (`data.client_transform_after_augment`)."""
+        the split has owners (`data.client_transform.after_augment`)."""
         device = self.fabric.device if self.fabric is not None else next(self.parameters()).device
         x, y = rows_to(split.x, idx, device), rows_to(split.y, idx, device)
         if augment_gen is not None:

@@ -41,6 +41,7 @@ class DataPlugin:
     name: str
     fn: Callable
     settings: type = NoSettings
+    batch: Optional[Callable] = None  # a client transform's per-batch form (data.client_transform.after_augment)
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -71,12 +72,12 @@ def _registrar(table: dict, kind: str):
 
 
 def _data_registrar(table: dict, kind: str):
-    def register(name: str, settings: type = NoSettings):
+    def register(name: str, settings: type = NoSettings, **extra):
         if not is_dataclass(settings):
             raise TypeError(f"{kind} {name!r}: its settings must be a dataclass of param(...) fields, got {settings!r}")
 
         def deco(fn):
-            _registrar(table, kind)(name)(DataPlugin(name, fn, settings))
+            _registrar(table, kind)(name)(DataPlugin(name, fn, settings, **extra))
             return fn
         return deco
     return register
@@ -87,8 +88,8 @@ register_dataset = _data_registrar(DATASETS, "dataset")
 # @register_partition(name, Settings): fn(candidates, num_clients, s, rng) -> one array of positions per client,
 # s the `data.partition` block (fl/data/partitions/__init__.py)
 register_partition = _data_registrar(PARTITIONS, "partition")
-# @register_client_transform(name, Settings): fn(x, client, num_clients, seed, s) -> x, s the `data.client_transform`
-# block (fl/data/client_transforms/__init__.py)
+# @register_client_transform(name, Settings[, batch=fn]): fn(x, client, num_clients, seed, s) -> x, s the
+# `data.client_transform` block; batch(x, owner, num_clients, s) -> x (fl/data/client_transforms/__init__.py)
 register_client_transform = _data_registrar(CLIENT_TRANSFORMS, "client transform")
 register_model = _registrar(MODELS, "model")
 register_augmentation = _registrar(AUGMENTATIONS, "augmentation")

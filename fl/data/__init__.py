@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 
 from fl.core import ClientData, FederatedData, Split, Target
 from fl.core.registry import DATASETS
-from fl.data import augment, sources  # noqa: F401  (register the augmentations and the datasets)
+from fl.data import augment, client_transforms, partitions, sources  # noqa: F401  (fill the registry)
 from fl.data.base import DataError, Pool, check_pool
 from fl.data.federate import federate
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -97,3 +98,28 @@ def check_pool(pool: Pool, where: str) -> None:
     if len(classes) < 2:
         raise ConfigError(f"{where}: y holds one class ({int(classes[0])}) only; a classifier needs at least 2 "
                           "classes")
+
+
+@dataclass
+class Candidates:
+    """What a partition splits over the clients: the samples left after the held-out sets, by position. `labels`
+    are the labels it splits on (data.partition.labels), `domains` each sample's domain id (None: the dataset has
+    no domains); `dataset` (data.name) is for messages."""
+    labels: np.ndarray
+    domains: Optional[np.ndarray]
+    dataset: str
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def need_domains(self, partition: str) -> np.ndarray:
+        if self.domains is None:
+            raise ConfigError(f"data.partition.name={partition} needs a dataset with domains; data.name="
+                              f"{self.dataset!r} has none")
+        return self.domains
+
+
+def check_enough(n: int, num_clients: int, per_client: int, key: str) -> None:
+    """A partition giving each client `per_client` samples needs that many per client."""
+    if per_client * num_clients > n:
+        raise ConfigError(f"{key}={per_client} x data.num_clients={num_clients} exceeds the {n} samples available")

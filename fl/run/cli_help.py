@@ -10,8 +10,10 @@ from fl.config.errors import ConfigError
 from fl.core import registry
 
 USAGE = """usage: python -m fl.train [conf=NAME] [key=value ...] [resume=RUN_DIR]
-       python -m fl.train --list {methods,configs,datasets,models,evaluators}
+       python -m fl.train --list {methods,configs,datasets,partitions,client_transforms,models,evaluators}
        python -m fl.train method.name=NAME --help      (that method's hyperparameters)
+       python -m fl.train data.name=NAME --help        (that dataset's settings; also data.partition.name=NAME,
+                                                        data.client_transform.name=NAME)
        python -m fl.train [conf=NAME] [key=value ...] --print-config
 
 Runs a federated experiment: conf=NAME loads conf/NAME.yaml (default: quickstart), key=value overrides any
@@ -20,7 +22,7 @@ A run writes outputs/<run>/ (config.yaml, metrics.jsonl, summary.json, checkpoin
 continues it. Exit codes: 0 done, 1 a training fault, 2 bad configuration or data (nothing written),
 130 interrupted. The README lists every config key."""
 
-KINDS = ("methods", "configs", "datasets", "models", "evaluators")
+KINDS = ("methods", "configs", "datasets", "partitions", "client_transforms", "models", "evaluators")
 
 
 def _first_line(text: str | None, width: int = 110) -> str:
@@ -60,8 +62,10 @@ def list_items(kind: str) -> str:
         items = {n: method_description(s) for n, s in registry.METHODS.items()}
     elif kind == "configs":
         items = {n: _conf_description(n) for n in available_confs()}
-    elif kind == "datasets":
-        items = {n: _describe(p.fn) for n, p in registry.DATASETS.items()}
+    elif kind in ("datasets", "partitions", "client_transforms"):
+        table = {"datasets": registry.DATASETS, "partitions": registry.PARTITIONS,
+                 "client_transforms": registry.CLIENT_TRANSFORMS}[kind]
+        items = {n: _describe(p.fn) for n, p in table.items()}
     elif kind == "models":
         items = {n: _describe(f) for n, f in registry.MODELS.items()}
     elif kind == "evaluators":
