@@ -101,7 +101,8 @@ def other_takers(key: str, schema_node: DictConfig) -> str:
     for block, table, _ in sorted(data_choices(), key=lambda choice: -len(choice[0])):
         if key.startswith(block + "."):
             rel = key[len(block) + 1:]
-            takers = sorted(name for name, plugin in table.items() if rel in settings_keys(plugin.settings))
+            takers = sorted(name for name, plugin in table.items()  # a leaf, or a block of them (data.embedded)
+                            if any(k == rel or k.startswith(rel + ".") for k in settings_keys(plugin.settings)))
             if not takers:
                 return ""
             current = OmegaConf.select(schema_node, f"{block}.name")
