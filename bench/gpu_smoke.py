@@ -384,8 +384,9 @@ def synthetic_twins() -> dict[str, tuple[str, list[str]]]:
     for conf in available_confs():
         if conf.endswith("_synthetic") or conf.endswith("_embedded"):
             cfg = load_config([f"conf={conf}"])
-            e = cfg.data.embedded
-            pool = e.samples_per_class * e.num_classes * (e.num_domains if cfg.data.name == "embedded_domains" else 1)
+            e = cfg.data.get("embedded")  # a generated dataset without it (fedpals_synthetic) counts as largest
+            pool = float("inf") if e is None else e.samples_per_class * e.num_classes * (
+                e.num_domains if cfg.data.name == "embedded_domains" else 1)
             sizes[cfg.method.name] = min(sizes.get(cfg.method.name, (pool, conf)), (pool, conf))
     return {"fedavg": ("quickstart", []), **{m: (conf, []) for m, (_, conf) in sizes.items() if m != "fedavg"},
             "fedct": (sizes["fedmosaic"][1], ["method.name=fedct"])}  # FedMosaic's baseline needs its public set

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -176,8 +177,8 @@ def child(argv: list[str], report: Path, local_steps: Optional[int]) -> int:
     from fl.core.registry import DATASETS
     from fl.run.train import main
 
-    for name in REAL:
-        DATASETS[name] = partial(standin_pool, name)
+    for name in REAL:  # the real loader's registration (its settings) with the stand-in's pool
+        DATASETS[name] = dataclasses.replace(DATASETS[name], fn=partial(standin_pool, name))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the parent's timeout: exit through atexit
     stats = instrument(report)
 

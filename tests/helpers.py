@@ -60,8 +60,30 @@ current_test_is_slow: bool | None = None
 
 
 def tiny(out: Path, *extra: str) -> list[str]:
-    """TINY, writing under `out`, then `extra`."""
-    return TINY + [f"logger.output_dir={out / 'outputs'}", f"data.root={out / 'data'}", *extra]
+    """TINY, writing under `out`, then `extra`. TINY's settings of a dataset or partition (data.embedded.*,
+    data.partition.min_client_size) are left out where the run's own dataset or partition does not take them."""
+    args = TINY + [f"logger.output_dir={out / 'outputs'}", f"data.root={out / 'data'}", *extra]
+    return [a for a in args if a not in TINY or _taken(a.split("=", 1)[0], args)]
+
+
+def _taken(key: str, args: list[str]) -> bool:
+    """Whether the run `args` describe (its config, then the arguments) has `key` in its schema; True when the
+    arguments are not a fresh run's or are bad (the run itself reports them)."""
+    from omegaconf import OmegaConf
+
+    from fl.config import ConfigError
+    from fl.config.blocks import chosen, schema
+    from fl.config.load import DEFAULT_CONF, load_conf_file, parse_argv, resolve_conf_path
+
+    try:
+        conf, overrides = parse_argv(args)
+        if any(a.startswith("resume=") for a in overrides):
+            return True
+        names = [a for a in overrides if a.split("=", 1)[0].endswith(".name")]
+        shape = schema(chosen(load_conf_file(resolve_conf_path(conf or DEFAULT_CONF)), OmegaConf.from_dotlist(names)))
+    except ConfigError:
+        return True
+    return OmegaConf.select(shape, key, default="<absent>") != "<absent>"
 
 
 # ---- runs ------------------------------------------------------------------------------------------

@@ -16,9 +16,9 @@ from fl.config.load import (
                               validate,
 )
 from fl.config.schema import (
+                              ClientTransformConfig,
                               Config,
                               DataConfig,
-                              EmbeddedConfig,
                               MethodConfig,
                               PartitionConfig,
                               TargetConfig,
@@ -26,7 +26,7 @@ from fl.config.schema import (
                               search_spaces,
 )
 
-__all__ = ["ConfigError", "Config", "DataConfig", "EmbeddedConfig", "MethodConfig", "PartitionConfig", "TargetConfig",
-           "param", "search_spaces", "CONF_DIR", "DEFAULT_CONF", "MOVED_KEYS", "RESUMABLE_KEYS", "available_confs",
-           "choices_msg", "config_diff", "load_conf_file", "load_config",
+__all__ = ["ConfigError", "ClientTransformConfig", "Config", "DataConfig", "MethodConfig", "PartitionConfig",
+           "TargetConfig", "param", "search_spaces", "CONF_DIR", "DEFAULT_CONF", "MOVED_KEYS", "RESUMABLE_KEYS",
+           "available_confs", "choices_msg", "config_diff", "load_conf_file", "load_config",
            "parse_argv", "resolve_conf_path", "to_yaml", "validate"]

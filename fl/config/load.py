@@ -7,16 +7,16 @@ Bad input raises `ConfigError` with a one-line message naming the key (and file)
 """
 from __future__ import annotations
 
-import difflib
-from dataclasses import field, fields, is_dataclass, make_dataclass
+import functools
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from fl.config.errors import ConfigError
-from fl.config.schema import Config
+from fl.config.blocks import chosen, drop_replaced_settings, other_takers, schema
+from fl.config.errors import ConfigError, choices_msg, suggest
 from fl.core import registry
 from fl.core.callbacks import CallbackError, callback_class
 
@@ -40,22 +40,15 @@ MOVED_KEYS = {
         ("clients_follow_target", "clients_follow"))},
     **{f"data.{k}": f"data.embedded.{k}" for k in ("num_classes", "num_domains", "samples_per_class", "channels",
                                                     "noise")},
+    "data.client_transform_level": "data.client_transform.level",
+    "data.client_transform_after_augment": "data.client_transform.after_augment",
     "trainer.adaptability_every": "evaluators.adaptability.every",
     "trainer.kl_tau": "evaluators.adaptability.kl_tau",
     "method.proj_dim": "model.proj_dim",  # FedDRM's projections and its baselines' share one width
 }
 # Groups that were single values: `data.partition=dirichlet` is now `data.partition.name=dirichlet`.
-BECAME_GROUPS = {"data.partition": "data.partition.name", "data.target": "data.target.distribution"}
-
-
-def _suggest(word: str, choices, prefix: str = "") -> str:
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
-    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
-
-
-def choices_msg(key: str, value: Any, choices) -> str:
-    choices = sorted(str(c) for c in choices)
-    return f"{key}={value!r} is not valid{_suggest(value, choices)}; choices: {', '.join(choices)}"
+BECAME_GROUPS = {"data.partition": "data.partition.name", "data.target": "data.target.distribution",
+                 "data.client_transform": "data.client_transform.name"}
 
 
 def available_confs() -> list[str]:
@@ -73,7 +66,7 @@ def resolve_conf_path(name: str) -> Path:
     path = CONF_DIR / f"{name}.yaml"
     if path.is_file():
         return path
-    raise ConfigError(f"conf={name!r} is not a config{_suggest(name, available_confs())}; "
+    raise ConfigError(f"conf={name!r} is not a config{suggest(name, available_confs())}; "
                       f"choices: {', '.join(available_confs())} (or a path to a .yaml file)")
 
 
@@ -128,10 +121,16 @@ def refuse_moved_keys(node: DictConfig, where: str) -> None:
             raise ConfigError(f"{where}: {key} is a group now; write {BECAME_GROUPS[key]}={value!r}")
 
 
+@functools.lru_cache(maxsize=1)
+def _default_schema() -> DictConfig:
+    """The schema of the default choices: the shape check_shapes reads (it is not changed)."""
+    return schema(chosen())
+
+
 def check_shapes(node: DictConfig, where: str) -> None:
     """A scalar where the schema has a group (`trainer=5`, `method: fedprox`) or a key under a list
     (`data.augment.flip=true`) stops here in one line, saying what to write instead."""
-    shape, given = OmegaConf.structured(Config), OmegaConf.to_container(node, resolve=False)
+    shape, given = _default_schema(), OmegaConf.to_container(node, resolve=False)
     for key in _leaf_keys(node):
         parts, at, value = key.split("."), shape, given
         for i, part in enumerate(parts):
@@ -143,7 +142,7 @@ def check_shapes(node: DictConfig, where: str) -> None:
                 break  # unknown keys are reported by the schema merge, with suggestions
             at, value = at[part], value[part]
             if isinstance(at, DictConfig) and not isinstance(value, dict):
-                example = f"{here}.name={value}" if here == "method" else f"{here}.<key>=..."
+                example = f"{here}.name={value}" if "name" in at else f"{here}.<key>=..."
                 raise ConfigError(f"{where}: {here}={value!r} sets a group to a single value; set its keys, e.g. "
                                   f"{example} (valid keys: {', '.join(list(at.keys())[:8])})")
 
@@ -173,10 +172,14 @@ def load_conf_file(path: Path, seen: tuple = ()) -> DictConfig:
         parts.append(load_conf_file(inc, seen + (path,)))
     if not parts:
         return node
-    merged = OmegaConf.merge(*parts)
+    merged = parts[0]
+    for part in parts[1:]:  # a later include that names another dataset replaces the earlier one's
+        drop_replaced_settings(merged, part)
+        merged = OmegaConf.merge(merged, part)
     own, inherited = (OmegaConf.select(n, "method.name", default=None) for n in (node, merged))
     if own is not None and own != inherited and "method" in merged:
         merged.method = {"name": own}  # an included protocol's hyperparameters belong to its own method
+    drop_replaced_settings(merged, node)
     return OmegaConf.merge(merged, node)
 
 
@@ -199,25 +202,9 @@ def parse_argv(argv: list[str]) -> tuple[Optional[str], list[str]]:
     return conf, overrides
 
 
-def _method_config_cls(name: Any):
-    if not isinstance(name, str) or name not in registry.METHODS:
-        raise ConfigError(choices_msg("method.name", name, registry.METHODS))
-    return registry.METHODS[name].config_cls
-
-
-def _evaluator_settings():
-    """One typed block per registered evaluator: evaluators.<name>."""
-    blocks = [(name, cls.Settings, field(default_factory=cls.Settings)) for name, cls in registry.EVALUATORS.items()]
-    return make_dataclass("EvaluatorSettings", blocks)()
-
-
-def schema(method_name: Any) -> DictConfig:
-    """The structured config of a run of `method_name`: the core groups, its method block, the evaluators'."""
-    return OmegaConf.structured(Config(method=_method_config_cls(method_name)(), evaluators=_evaluator_settings()))
-
-
-def _merge(method_name: Any, *sources) -> DictConfig:
-    base = schema(method_name)
+def _merge(*sources) -> DictConfig:
+    """The sources typed against the schema of what they choose (method, dataset, partition)."""
+    base = schema(chosen(*sources))
     try:
         return OmegaConf.merge(base, *sources)
     except OmegaConfBaseException as err:
@@ -244,6 +231,8 @@ def _elsewhere(key: str, schema_node: DictConfig) -> str:
     """Where a misplaced key does live: another method's hyperparameter (`method.mu` with fedavg), or a key of
     another block of the same group (`data.partition.train_fraction` is `data.train_fraction`); "" if nowhere."""
     group, leaf = key.split(".", 1)[0], key.rsplit(".", 1)[-1]
+    if group == "data" and other_takers(key, schema_node):
+        return other_takers(key, schema_node)
     if group == "method":
         takers = sorted(n for n, spec in registry.METHODS.items()
                         if leaf != "name" and leaf in {f.name for f in fields(spec.config_cls)})
@@ -254,6 +243,7 @@ def _elsewhere(key: str, schema_node: DictConfig) -> str:
     block = OmegaConf.select(schema_node, group) if "." in key else None
     homes = [f"{group}.{k}" for k in _leaf_keys(block) if k.rsplit(".", 1)[-1] == leaf] if isinstance(
         block, DictConfig) else []
+    homes += [new for old, new in BECAME_GROUPS.items() if old == f"{group}.{leaf}" != key.rpartition(".")[0]]
     if not homes:
         return ""
     blocks = ", ".join(f"'{h.rpartition('.')[0]}'" for h in homes)
@@ -267,7 +257,7 @@ def _omegaconf_message(err: OmegaConfBaseException, schema_node: DictConfig, sou
         node = OmegaConf.select(schema_node, parent) if parent else schema_node
         valid = list(node.keys()) if isinstance(node, DictConfig) else []
         where = f"under '{parent}'" if parent else "at the top level"
-        hint = _elsewhere(key, schema_node) or _suggest(leaf, valid, f"{parent}." if parent else "")
+        hint = _elsewhere(key, schema_node) or suggest(leaf, valid, f"{parent}." if parent else "")
         if not valid:
             return f"unknown key '{key}': '{parent}' has no settings"
         return f"unknown key '{key}'{hint}; valid keys {where}: {', '.join(valid)}"
@@ -350,8 +340,6 @@ def validate(cfg: DictConfig) -> None:
     if own:
         raise ConfigError(f"server.aggregator={cfg.server.aggregator!r} cannot apply to method.name="
                           f"{cfg.method.name!r}: {own}; leave server.aggregator=mean")
-    if cfg.data.name not in registry.DATASETS:
-        raise ConfigError(choices_msg("data.name", cfg.data.name, registry.DATASETS))
     for name in cfg.data.augment:
         if name not in registry.AUGMENTATIONS:
             raise ConfigError(choices_msg("data.augment", name, registry.AUGMENTATIONS))
@@ -430,7 +418,8 @@ def load_config(argv: list[str], check: bool = True) -> DictConfig:
     file_method, cli_method = _method_name(base), OmegaConf.select(cli, "method.name", default=None)
     if cli_method is not None and cli_method != file_method and "method" in base:
         base.method = {"name": cli_method}  # the file's hyperparameters belong to the file's method
-    cfg = _merge(_method_name(base, cli), base, cli)
+    drop_replaced_settings(base, cli)
+    cfg = _merge(base, cli)
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:

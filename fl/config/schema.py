@@ -102,24 +102,10 @@ class FabricConfig:
 
 @dataclass
 class PartitionConfig:
-    """How the pool is split over the clients (fl/data/partition.py)."""
-    name: str = param("dirichlet", choices=["iid", "dirichlet", "dirichlet_per_client", "classes", "shards", "domains",
-                                            "domain_groups"],
-                      help="domain_groups: whole domains dealt to the clients (FedPALS' iWildCam: cameras)")
-    alpha: float = param(0.5, gt=0.0, help="concentration of the Dirichlet label split")
-    balance: bool = param(False, help="dirichlet: a client already holding N/M samples gets no more (fedlab)")
-    min_client_size: int = param(10, ge=1, help="dirichlet: the split is redrawn until every client has this many "
-                                 "samples")
-    samples_per_client: Optional[int] = param(None, ge=1, help="dirichlet_per_client: samples per client "
-                                              "(default: the pool divided evenly)")
-    classes_per_client: int = param(2, ge=1, help="classes / domains+classes: classes held by each client")
-    class_assignment: str = param("round_robin", choices=["round_robin", "random"],
-                                  help="round_robin: consecutive classes of a random permutation; "
-                                  "random: NIID-Bench #C=k (class p mod K plus random others)")
-    shards_per_client: int = param(5, ge=1, help="shards: label-sorted shards per client (FedDRM's S-SPC)")
-    clients_per_domain: int = param(1, ge=1, help="domains: clients carved out of each domain")
-    within_domain: str = param("iid", choices=["iid", "dirichlet", "classes"],
-                               help="domains: label skew inside each domain (classes = FedMosaic's hybrid)")
+    """The keys every partition takes; the chosen partition's own settings (its registration's `Settings`:
+    alpha, classes_per_client, ...) join them as data.partition.* keys (fl/data/partitions/)."""
+    name: str = param("dirichlet", help="how the pool is split over the clients (python -m fl.train --list "
+                      "partitions)")
     labels: str = param("label", choices=["label", "fine"],
                         help="fine: partition on CIFAR-100's fine labels while training on coarse (FedDRM)")
     seed: Optional[int] = param(None, ge=0, help="seed of the split; defaults to the run seed")
@@ -151,21 +137,23 @@ class NewClientsConfig:
 
 
 @dataclass
-class EmbeddedConfig:
-    """The procedurally generated datasets (data.name=embedded | embedded_domains)."""
-    num_classes: int = param(10, ge=2)
-    num_domains: int = param(4, ge=1, help="embedded_domains: number of domains (6 visual styles; more domains "
-                             "repeat a style with their own random stream, like more cameras)")
-    samples_per_class: int = param(300, ge=4, help="embedded: images per class; embedded_domains: training "
-                                   "images per class and domain (a third as many test images)")
-    channels: int = param(3, ge=1)
-    noise: float = param(0.6, ge=0.0, help="pixel noise std of the embedded dataset (harder when larger)")
+class ClientTransformConfig:
+    """The keys every client transform takes; the chosen one's own settings (its registration's `Settings`) join
+    them as data.client_transform.* keys (fl/data/client_transforms/)."""
+    name: str = param("none", help="per-client covariate shift applied to each client's train and test data "
+                      "(python -m fl.train --list client_transforms)")
+    after_augment: bool = param(False, help="apply the client transform to each batch after data.augment (FedDRM's "
+                                "official order: crop, then colour) instead of once to the stored images; transforms "
+                                "with a per-batch form only (feddrm_color)")
 
 
 @dataclass
 class DataConfig:
-    name: str = param("embedded", help="dataset name (see fl.data registry)")
-    root: str = param("data", help="where datasets live and the embedded dataset is cached")
+    """The keys every dataset takes: where the data live and how the pool is split over the clients. The chosen
+    dataset's own settings (its registration's `Settings`: image_size, download, ...) join them as data.* keys;
+    fl/config/load.py builds the block."""
+    name: str = param("embedded", help="the dataset (python -m fl.train --list datasets)")
+    root: str = param("data", help="where datasets live (for `arrays`: the file) and the embedded dataset is cached")
     on_device: bool = param(True, help="keep all client data on the accelerator (index batching); false keeps "
                             "it in host memory and moves each batch; a memory-mapped pool (data.cache) is read from "
                             "its map either way")
@@ -178,9 +166,6 @@ class DataConfig:
                                        "take more than this share of the memory available (MemAvailable) at load")
     cache_dir: Optional[str] = param(None, help="where the image caches go (<cache_dir>/<data.name>/); null: a "
                                      ".fl_cache folder in the dataset's own folder")
-    download: bool = param(False, help="let torchvision download the dataset where it can (needs a network)")
-    variant: Optional[str] = param(None, help="dataset-specific variant, e.g. the EMNIST split")
-    image_size: Optional[int] = param(None, ge=8, help="side of the (square) images; None = the dataset's default")
     num_clients: int = param(20, ge=1)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     pool_splits: bool = param(False, help="merge the official train and test splits before partitioning (FedDRM)")
@@ -200,20 +185,11 @@ class DataConfig:
     public_size: int = param(0, ge=0, help="size of the unlabeled public set held out from all clients (FedMosaic)")
     target: TargetConfig = field(default_factory=TargetConfig)
     new_clients: NewClientsConfig = field(default_factory=NewClientsConfig)
-    client_transform: str = param("none", choices=["none", "feddrm_color", "cifar_s"],
-                                  help="per-client covariate shift applied to each client's train and test data")
-    client_transform_level: str = param("auto", choices=["auto", "low", "mid", "high", "pool"],
-                                        help="feddrm_color: the shift's intensity (FedDRM Fig. 5: low, mid, high; "
-                                        "pool = the scalability pool of App. F.2.1; auto = high up to 8 clients, "
-                                        "pool above)")
-    client_transform_after_augment: bool = param(False, help="apply the client transform to each batch after "
-                                                 "data.augment (FedDRM's official order: crop, then colour) instead "
-                                                 "of once to the stored images; deterministic transforms only")
+    client_transform: ClientTransformConfig = field(default_factory=ClientTransformConfig)
     augment: list = param([], help="training-time augmentation, applied per sample on the device in this order: "
                           "flip, crop (pad 4), resized_crop (scale 0.9-1), rotate (+-30 degrees)")
     eval_augment: bool = param(False, help="augment evaluation batches too (seeded per batch), as FedDRM's "
                                "official code crops its test images at random; off: evaluation is deterministic")
-    embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
 
 
 @dataclass

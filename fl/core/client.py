@@ -239,7 +239,7 @@ class ClientModule:
                    fetched: Optional[tuple] = None) -> tuple[Tensor, Tensor]:
         """(x, y) of `split[idx]` on the device, normalised in the model's dtype; with a generator, augmented
         first (`data.augment`), as training batches are, then shifted by its owner's client transform when
-        the split has owners (`data.client_transform_after_augment`). `fetched`: what `fetch_batch` returned for
+        the split has owners (`data.client_transform.after_augment`). `fetched`: what `fetch_batch` returned for
         these rows, one batch ahead (`batch_fetcher`)."""
         x, y, owner = fetched if fetched is not None else self.fetch_batch(split, idx, self._batch_device())
         if augment_gen is not None:

@@ -3,7 +3,6 @@ Evaluator interface through which every other evaluation metric plugs in (fl/met
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -11,6 +10,7 @@ from torch import Tensor
 
 from fl.core.context import EvalContext
 from fl.core.exchange import gather_objects
+from fl.core.registry import NoSettings
 
 
 def summarize_clients(correct: Tensor, total: Tensor, train_sizes: list[int], prefix: str = "test/") -> dict[str,
@@ -32,11 +32,6 @@ def summarize_clients(correct: Tensor, total: Tensor, train_sizes: list[int], pr
         "acc_worst10": acc.sort().values[:k].mean(),
     }
     return {prefix + k: float(v) for k, v in out.items()}
-
-
-@dataclass
-class NoSettings:
-    """An evaluator without settings of its own."""
 
 
 class Evaluator:

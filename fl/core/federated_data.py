@@ -127,7 +127,7 @@ class FederatedData:
     domain_names: list[str] = field(default_factory=list)
     num_new_clients: int = 0  # the last clients, held out of training (evaluated only)
     # (uint8 batch, owner per sample) -> batch: a covariate shift applied after augmentation to batches of
-    # splits with an `owner` (data.client_transform_after_augment), as pipelines that crop first do
+    # splits with an `owner` (data.client_transform.after_augment), as pipelines that crop first do
     batch_transform: Optional[Callable[[Tensor, Tensor], Tensor]] = field(default=None, repr=False)
     # (device, dtype, ndim) -> (mean, std) shaped to broadcast over a batch, built by prepare() on first use
     _normalisation: dict = field(default_factory=dict, init=False, repr=False, compare=False)

@@ -1,16 +1,19 @@
-"""Name -> implementation tables for everything a config can name: methods, datasets, models,
-evaluators and augmentations.
+"""Name -> implementation tables for everything a config can name: methods, datasets, partitions, client
+transforms, models, evaluators and augmentations.
 
-A method registers its typed config, its ClientModule and its Server under its paper's name; a dataset,
-model or augmentation registers a builder; an evaluator registers its class. The config layer checks
-names against these tables, and the loop looks implementations up in them, so neither ever imports the
-packages that register (`load_plugins` imports them by name, as entry points would).
+A method registers its typed config, its ClientModule and its Server under its paper's name; a dataset, a
+partition and a client transform register their function with the typed settings their config block takes
+(`data.*`, `data.partition.*`, `data.client_transform.*`); a model or augmentation registers a builder; an
+evaluator registers its class. The config layer checks names against these tables and builds each block's schema
+from the chosen entry, and the loop looks implementations up in them, so neither ever imports the packages that
+register (`load_plugins` imports them by name, as entry points would).
 """
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 from typing import Optional
 
 PLUGIN_PACKAGES = ("fl.data", "fl.models", "fl.metrics", "fl.methods")
@@ -26,8 +29,25 @@ class MethodSpec:
     headline: Optional[str] = None  # the metric its paper leads with; baselines are read on their setting's
 
 
+@dataclass
+class NoSettings:
+    """A plug-in without settings of its own."""
+
+
+@dataclass(frozen=True)
+class DataPlugin:
+    """A dataset, partition or client transform: the function the data pipeline calls (fl/data/federate.py says
+    with what) and its typed settings, a dataclass of `param(...)` fields that its config block takes."""
+    name: str
+    fn: Callable
+    settings: type = NoSettings
+    batch: Optional[Callable] = None  # a client transform's per-batch form (data.client_transform.after_augment)
+
+
 METHODS: dict[str, MethodSpec] = {}
-DATASETS: dict[str, Callable] = {}
+DATASETS: dict[str, DataPlugin] = {}
+PARTITIONS: dict[str, DataPlugin] = {}
+CLIENT_TRANSFORMS: dict[str, DataPlugin] = {}
 MODELS: dict[str, Callable] = {}
 EVALUATORS: dict[str, type] = {}
 AUGMENTATIONS: dict[str, Callable] = {}
@@ -51,7 +71,26 @@ def _registrar(table: dict, kind: str):
     return register
 
 
-register_dataset = _registrar(DATASETS, "dataset")
+def _data_registrar(table: dict, kind: str):
+    def register(name: str, settings: type = NoSettings, **extra):
+        if not is_dataclass(settings):
+            raise TypeError(f"{kind} {name!r}: its settings must be a dataclass of param(...) fields, got {settings!r}")
+
+        def deco(fn):
+            _registrar(table, kind)(name)(DataPlugin(name, fn, settings, **extra))
+            return fn
+        return deco
+    return register
+
+
+# @register_dataset(name, Settings): fn(d) -> Pool, d the `data` block (its keys and the dataset's settings, data.*)
+register_dataset = _data_registrar(DATASETS, "dataset")
+# @register_partition(name, Settings): fn(candidates, num_clients, s, rng) -> one array of positions per client,
+# s the `data.partition` block (fl/data/partitions/__init__.py)
+register_partition = _data_registrar(PARTITIONS, "partition")
+# @register_client_transform(name, Settings[, batch=fn]): fn(x, client, num_clients, seed, s) -> x, s the
+# `data.client_transform` block; batch(x, owner, num_clients, s) -> x (fl/data/client_transforms/__init__.py)
+register_client_transform = _data_registrar(CLIENT_TRANSFORMS, "client transform")
 register_model = _registrar(MODELS, "model")
 register_augmentation = _registrar(AUGMENTATIONS, "augmentation")
 
@@ -61,8 +100,17 @@ def register_evaluator(cls: type) -> type:
     return _registrar(EVALUATORS, "evaluator")(cls.name)(cls)
 
 
+def discover(package: str) -> None:
+    """Import every module under `package`'s path, in name order (one imported before is not imported again), so a
+    plug-in is one file dropped into the folder. A plug-in package's __init__ calls it; call it again after adding a
+    folder to the package's `__path__`."""
+    path = importlib.import_module(package).__path__
+    for name in sorted(m.name for m in pkgutil.walk_packages(path, prefix=f"{package}.")):
+        importlib.import_module(name)
+
+
 def load_plugins() -> None:
-    """Import the packages that fill the tables (idempotent)."""
+    """Import the packages that fill the tables (idempotent, and cheap once done: the loop calls it per batch)."""
     for package in PLUGIN_PACKAGES:
         importlib.import_module(package)
 

@@ -1,16 +1,18 @@
-"""What a loader returns (a Pool, before it is split over the clients) and how a missing dataset is reported."""
+"""What a loader returns (a Pool, before it is split over the clients), the settings loaders share and how a missing
+dataset is reported."""
 from __future__ import annotations
 
 import contextlib
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from fl.config import ConfigError
+from fl.config import ConfigError, param
 from fl.core import Split
 from fl.core.mapped_images import MappedImages
 
@@ -60,10 +62,14 @@ def removed_if_failed(folder: Path):
         raise
 
 
-def check_no_variant(d, dataset: str) -> None:
-    """A loader without variants refuses `data.variant` (EMNIST's split is the one that has them)."""
-    if d.variant is not None:
-        raise ConfigError(f"data.variant={d.variant!r} is not used by {dataset}; choices: null")
+def image_size_param(native: int, what: str = "images") -> Any:
+    """A dataset's `data.image_size` setting: the side its square images are resized to (null: `native`)."""
+    return param(None, ge=8, help=f"side of the square {what}, resized when loaded; null = {native} px")
+
+
+def download_param() -> Any:
+    """The `data.download` setting of a dataset torchvision can fetch."""
+    return param(False, help="let torchvision download the dataset when its files are missing (needs a network)")
 
 
 def check_pool(pool: Pool, where: str) -> None:
@@ -94,3 +100,28 @@ def check_pool(pool: Pool, where: str) -> None:
     if len(classes) < 2:
         raise ConfigError(f"{where}: y holds one class ({int(classes[0])}) only; a classifier needs at least 2 "
                           "classes")
+
+
+@dataclass
+class Candidates:
+    """What a partition splits over the clients: the samples left after the held-out sets, by position. `labels`
+    are the labels it splits on (data.partition.labels), `domains` each sample's domain id (None: the dataset has
+    no domains); `dataset` (data.name) is for messages."""
+    labels: np.ndarray
+    domains: Optional[np.ndarray]
+    dataset: str
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def need_domains(self, partition: str) -> np.ndarray:
+        if self.domains is None:
+            raise ConfigError(f"data.partition.name={partition} needs a dataset with domains; data.name="
+                              f"{self.dataset!r} has none")
+        return self.domains
+
+
+def check_enough(n: int, num_clients: int, per_client: int, key: str) -> None:
+    """A partition giving each client `per_client` samples needs that many per client."""
+    if per_client * num_clients > n:
+        raise ConfigError(f"{key}={per_client} x data.num_clients={num_clients} exceeds the {n} samples available")

@@ -562,18 +562,3 @@ def cifar_s(x: Tensor, client: int, num_clients: int, mode: str = CIFAR_S_DEFAUL
         return x
     gen = torch.Generator().manual_seed(derive_seed(seed, 0, client, "corruption"))
     return corrupt(x, pair[0], pair[1], gen, frost_dir=frost_dir)
-
-
-def _feddrm_color_t(x: Tensor, client: int, num_clients: int, seed: int, level: str = "auto") -> Tensor:
-    return feddrm_color(x, client, num_clients, level)
-
-
-def _cifar_s_t(x: Tensor, client: int, num_clients: int, seed: int, level: str = "auto") -> Tensor:
-    return cifar_s(x, client, num_clients, seed=seed)
-
-
-# name -> fn(x, client, num_clients, seed, level) -> x; `level` is data.client_transform_level (FedDRM's colours)
-CLIENT_TRANSFORMS: dict[str, Callable[..., Tensor]] = {
-    "feddrm_color": _feddrm_color_t,
-    "cifar_s": _cifar_s_t,
-}

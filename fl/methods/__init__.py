@@ -7,8 +7,6 @@ FedNova, FedLC, FedNTD, FedDecorr, FedNH.
 
 Every module under this package is imported, in name order, so a new method is one new file (or folder).
 """
-import importlib
-import pkgutil
+from fl.core.registry import discover
 
-for _module in sorted(m.name for m in pkgutil.walk_packages(__path__, prefix=f"{__name__}.")):
-    importlib.import_module(_module)
+discover(__name__)

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, is_dataclass
 
 from fl.config import CONF_DIR, available_confs, choices_msg
+from fl.config.blocks import data_choices
 from fl.config.errors import ConfigError
 from fl.core import registry
 
 USAGE = """usage: python -m fl.train [conf=NAME] [key=value ...] [resume=RUN_DIR]
-       python -m fl.train --list {methods,configs,datasets,models,evaluators}
+       python -m fl.train --list {methods,configs,datasets,partitions,client_transforms,models,evaluators}
        python -m fl.train method.name=NAME --help      (that method's hyperparameters)
+       python -m fl.train data.name=NAME --help        (that dataset's settings; also data.partition.name=NAME,
+                                                        data.client_transform.name=NAME)
        python -m fl.train [conf=NAME] [key=value ...] --print-config
 
 Runs a federated experiment: conf=NAME loads conf/NAME.yaml (default: quickstart), key=value overrides any
@@ -19,7 +22,7 @@ A run writes outputs/<run>/ (config.yaml, metrics.jsonl, summary.json, checkpoin
 continues it. Exit codes: 0 done, 1 a training fault, 2 bad configuration or data (nothing written),
 130 interrupted. The README's config tree and docs/data.md list every config key."""
 
-KINDS = ("methods", "configs", "datasets", "models", "evaluators")
+KINDS = ("methods", "configs", "datasets", "partitions", "client_transforms", "models", "evaluators")
 
 
 def _first_line(text: str | None, width: int = 110) -> str:
@@ -59,8 +62,10 @@ def list_items(kind: str) -> str:
         items = {n: method_description(s) for n, s in registry.METHODS.items()}
     elif kind == "configs":
         items = {n: _conf_description(n) for n in available_confs()}
-    elif kind == "datasets":
-        items = {n: _describe(f) for n, f in registry.DATASETS.items()}
+    elif kind in ("datasets", "partitions", "client_transforms"):
+        table = {"datasets": registry.DATASETS, "partitions": registry.PARTITIONS,
+                 "client_transforms": registry.CLIENT_TRANSFORMS}[kind]
+        items = {n: _describe(p.fn) for n, p in table.items()}
     elif kind == "models":
         items = {n: _describe(f) for n, f in registry.MODELS.items()}
     elif kind == "evaluators":
@@ -69,6 +74,45 @@ def list_items(kind: str) -> str:
         raise ConfigError(choices_msg("--list", kind, KINDS))
     width = max(map(len, items), default=0)
     return "\n".join(f"{n:{width}s}  {d}" for n, d in sorted(items.items()))
+
+
+def settings_lines(prefix: str, settings: type, values=None) -> list[str]:
+    """One entry per field of a typed settings class (a nested block's fields as block.key): `prefix.key=value`,
+    its type, default, allowed range and help text. `values`: the config's block (else the defaults are shown)."""
+    lines = []
+    for f in fields(settings):
+        if f.name == "name":
+            continue
+        default = f.default_factory() if f.default is MISSING else f.default
+        value = values[f.name] if values is not None and f.name in values else default
+        if is_dataclass(default):
+            lines += settings_lines(f"{prefix}.{f.name}", type(default), value if values is not None else None)
+            continue
+        meta = f.metadata or {}
+        bounds = [f"{op} {meta[key]}" for key, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+                  if meta.get(key) is not None]
+        if meta.get("choices"):
+            bounds.append("one of " + ", ".join(map(str, meta["choices"])))
+        type_name = f.type.__name__ if isinstance(f.type, type) else str(f.type).replace("typing.", "")
+        rng = f"  [{', '.join(bounds)}]" if bounds else ""
+        was = f", default {default!r}" if value != default else ""
+        lines.append(f"  {prefix}.{f.name}={value!r}  ({type_name}{was}){rng}")
+        if meta.get("help"):
+            lines.append(f"      {meta['help']}")
+    return lines
+
+
+def data_plugin_help(block: str, name: str, values=None) -> str:
+    """A dataset's (block "data"), partition's ("data.partition") or client transform's ("data.client_transform")
+    own settings, as method_help shows a method's; `values`: the config's block."""
+    registry.load_plugins()
+    table = {b: t for b, t, _ in data_choices()}[block]
+    if name not in table:
+        raise ConfigError(choices_msg(f"{block}.name", name, table))
+    plugin = table[name]
+    own = settings_lines(block, plugin.settings, values)
+    return "\n".join([f"{block}.name={name}: {_describe(plugin.fn)}", "",
+                      "settings:" if own else "settings: none of its own", *own])
 
 
 def method_help(name: str, values=None) -> str:
@@ -80,20 +124,5 @@ def method_help(name: str, values=None) -> str:
     spec = registry.METHODS[name]
     lines = [f"method.name={name}: {method_description(spec)}",
              f"headline metric: {spec.headline or 'test/acc_mean_clients'}", "", "hyperparameters:"]
-    for f in fields(spec.config_cls):
-        if f.name == "name":
-            continue
-        default = f.default_factory() if f.default is MISSING else f.default
-        meta = f.metadata or {}
-        bounds = [f"{op} {meta[key]}" for key, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
-                  if meta.get(key) is not None]
-        if meta.get("choices"):
-            bounds.append("one of " + ", ".join(map(str, meta["choices"])))
-        type_name = f.type.__name__ if isinstance(f.type, type) else str(f.type).replace("typing.", "")
-        rng = f"  [{', '.join(bounds)}]" if bounds else ""
-        value = values[f.name] if values is not None and f.name in values else default
-        was = f", default {default!r}" if value != default else ""
-        lines.append(f"  method.{f.name}={value!r}  ({type_name}{was}){rng}")
-        if meta.get("help"):
-            lines.append(f"      {meta['help']}")
+    lines += settings_lines("method", spec.config_cls, values)
     return "\n".join(lines)

@@ -14,27 +14,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
+from fl.config.blocks import data_choices
 from fl.config.load import ABSENT, added_key_message
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
 from fl.core.callbacks import CallbackError, make_callbacks
 from fl.core.exchange import gather_objects
 from fl.core.loop import Diverged
 from fl.core.state import (
-                           CHECKPOINT_NAMES,
-                           StateDirInUse,
-                           StateFileError,
-                           StateStoreError,
-                           check_state_dir,
-                           read_checkpoint,
+    CHECKPOINT_NAMES,
+    StateDirInUse,
+    StateFileError,
+    StateStoreError,
+    check_state_dir,
+    read_checkpoint,
 )
 from fl.data import DataError, build_data
 from fl.report.aliases import current_names
 from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
-from fl.run.cli_help import USAGE, list_items, method_help
+from fl.run.cli_help import USAGE, data_plugin_help, list_items, method_help
 from fl.run.determinism import deterministic_algorithms
 from fl.run.preflight import print_client_notes
 from fl.run.progress import RoundProgress, format_summary, round_label
@@ -207,9 +208,13 @@ def print_only(argv: list[str]) -> int | None:
         return 0
     rest = [a for a in argv if a not in ("-h", "--help", "--print-config")]
     if "-h" in argv or "--help" in argv:
-        named = any(a.startswith(("method.name=", "conf=")) for a in rest)
-        method = load_config(rest, check=False).method if named else None  # no target etc. needed to read it
-        print(method_help(method.name, method) if named else USAGE)
+        blocks = [b for b, _, _ in data_choices() if any(a.startswith(f"{b}.name=") for a in rest)]
+        named = any(a.startswith(("method.name=", "conf=")) for a in rest) or blocks
+        cfg = load_config(rest, check=False) if named else None  # no target etc. needed to read it
+        shown = [data_plugin_help(b, OmegaConf.select(cfg, f"{b}.name"), OmegaConf.select(cfg, b)) for b in blocks]
+        if not blocks or any(a.startswith("method.name=") for a in rest):
+            shown.insert(0, method_help(cfg.method.name, cfg.method) if named else USAGE)
+        print("\n\n".join(shown))
         return 0
     if "--print-config" in argv:
         print(to_yaml(load_config(rest)), end="")

@@ -2,27 +2,29 @@
 run shown as a row with its reason."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from bench.paper_scale import REAL, paper_configs, projection, rehearse, row, standin_pool
-from fl.config import DataConfig
+from fl.config import load_config
 
 
-def data_cfg(image_size=None, **kw):
-    return OmegaConf.structured(DataConfig(image_size=image_size, **kw))
+def data_cfg(name, image_size=None, **kw):
+    """The typed data block of data.name=`name` (image_size null: the dataset's default) with `kw` set."""
+    sets = {"image_size": image_size, **kw} if image_size is not None else kw
+    return load_config([f"data.name={name}", *(f"data.{k}={v}" for k, v in sets.items())]).data
 
 
 @pytest.mark.parametrize("name", ["cifar10", "cifar20", "fmnist", "office_caltech10", "pacs"])
 def test_a_standin_pool_has_the_real_counts_shapes_and_domains(name, tmp_path):
     real = REAL[name]
     size = 16 if real.shape[1] > 64 else None  # the 224/256 px pools at a small size: counts are what is checked
-    pool = standin_pool(name, data_cfg(size, cache_dir=str(tmp_path)))
+    pool = standin_pool(name, data_cfg(name, size, cache_dir=str(tmp_path)))
     c, h, w = real.shape
     assert pool.train.x.shape == (sum(real.train.values()), c, size or h, size or w)
     assert pool.test.x.shape[0] == sum(real.test.values()) and pool.train.x.dtype == torch.uint8
@@ -37,7 +39,7 @@ def test_a_standin_pool_has_the_real_counts_shapes_and_domains(name, tmp_path):
 
 
 def test_iwildcam_cameras_are_disjoint_between_train_and_test(tmp_path):
-    pool = standin_pool("iwildcam", data_cfg(8, cache_dir=str(tmp_path)))
+    pool = standin_pool("iwildcam", data_cfg("iwildcam", 8, cache_dir=str(tmp_path)))
     train_cams, test_cams = set(pool.train.domain.tolist()), set(pool.test.domain.tolist())
     assert len(train_cams) == 243 and len(test_cams) == 48 and not train_cams & test_cams
     assert len(pool.domain_names) == 291
@@ -83,7 +85,7 @@ def test_one_round_counts_the_paper_batches_of_every_trained_client(tmp_path):
     s = r.stats
     saved = DATASETS["cifar10"]
     try:
-        DATASETS["cifar10"] = lambda d: standin_pool("cifar10", d)
+        DATASETS["cifar10"] = dataclasses.replace(saved, fn=lambda d: standin_pool("cifar10", d))
         data = build_data(load_config(["conf=fedpals_cifar10_c2"]))
     finally:
         DATASETS["cifar10"] = saved

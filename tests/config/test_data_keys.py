@@ -14,7 +14,7 @@ from fl.config import ConfigError, load_config
     ("data.partition.train_fraction=0.5", "data.train_fraction"),
     ("data.partition.test_split=official", "data.test_split"),
     ("data.partition.public_size=10", "data.public_size"),
-    ("data.partition.client_transform=cifar_s", "data.client_transform"),
+    ("data.partition.client_transform=cifar_s", "data.client_transform.name"),
     ("data.target.val_fraction=0.1", "data.val_fraction"),
     ("data.alpha=0.3", "data.partition.alpha"),
     ("data.partition.val_size=10", "data.target.val_size"),

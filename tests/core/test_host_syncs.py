@@ -39,7 +39,7 @@ def test_normalisation_is_built_once_per_device_and_dtype_and_equals_the_per_bat
 def test_a_training_batch_cropped_and_colour_shifted_per_owner_reads_nothing_from_the_device(tmp_path):
     """FedDRM's protocol (resized_crop, then each sample's owner's colour shift, then normalisation) and the other
     augmentations, as make_batch runs them, on a batch held on the `meta` device: no value of it is ever read."""
-    _module, data, _fabric = module_and_data(tmp_path, *FEDDRM, "data.client_transform_after_augment=true")
+    _module, data, _fabric = module_and_data(tmp_path, *FEDDRM, "data.client_transform.after_augment=true")
     pooled = data.pooled_train()
     assert pooled.owner is not None and len(pooled.owner.unique()) == data.num_clients
     idx = torch.randperm(len(pooled), generator=torch.Generator().manual_seed(0))[:32]

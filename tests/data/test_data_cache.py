@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from fl.config import ConfigError, DataConfig
+from fl.config import ConfigError, DataConfig, load_config
 from fl.core.batches import one_ahead
 from fl.core.federated_data import Split, rows_to
 from fl.core.mapped_images import ImageMap, MappedImages
@@ -22,8 +22,9 @@ from tests import fakes
 from tests.helpers import ROOT, read_metrics, run_cli, run_tiny, tiny
 
 
-def cfg(root, **kw):
-    return OmegaConf.structured(DataConfig(root=str(root), **kw))
+def cfg(root, name="pacs", **kw):
+    """The typed data block of data.name=`name` (its own settings, image_size, ... included) with `kw` set."""
+    return load_config([f"data.name={name}", f"data.root={root}", *(f"data.{k}={v}" for k, v in kw.items())]).data
 
 
 def fake_pacs(root, per_class=3):
@@ -224,7 +225,7 @@ TWINS = {
     "fedmosaic_domainnet_synthetic": ["data.embedded.samples_per_class=12", "data.public_size=40",
                                       "trainer.local_steps=2", "data.partition.clients_per_domain=1"],
     "feddrm_cifar10_dir03_synthetic": ["data.embedded.samples_per_class=40", "trainer.local_steps=2",
-                                       "data.client_transform_after_augment=true", "data.augment=[crop]",
+                                       "data.client_transform.after_augment=true", "data.augment=[crop]",
                                        "data.eval_augment=true"],
 }
 

@@ -91,17 +91,17 @@ def test_float_images_channel_last_become_nchw(out):
     from tests.data.test_loaders import cfg
 
     x = images(8, 8, 3)
-    pool = load_arrays(cfg(fakes.arrays(out / "nhwc.npz", x=x, y=Y)))
+    pool = load_arrays(cfg(fakes.arrays(out / "nhwc.npz", x=x, y=Y), "arrays"))
     assert pool.train.x.shape == (N, 3, 8, 8) and torch.equal(pool.train.x, torch.from_numpy(x).permute(0, 3, 1, 2))
     assert pool.mean is None  # floats are used as given
-    assert load_arrays(cfg(fakes.arrays(out / "feat.npz", x=images(5), y=Y))).train.x.shape == (N, 5)
+    assert load_arrays(cfg(fakes.arrays(out / "feat.npz", x=images(5), y=Y), "arrays")).train.x.shape == (N, 5)
 
 
 def test_colour_transforms_refuse_grayscale_in_one_line(out, capsys):
     path = fakes.arrays(out / "gray_u8.npz", x=images(8, 8, dtype=np.uint8), y=Y)
-    assert main(arrays_args(out, path, "data.client_transform=feddrm_color")) == 2
+    assert main(arrays_args(out, path, "data.client_transform.name=feddrm_color")) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: data.client_transform='feddrm_color' needs uint8 RGB images") and "\n" not in err
+    assert err.startswith("error: data.client_transform.name='feddrm_color' needs uint8 RGB images") and "\n" not in err
     assert not (out / "outputs").exists()
 
 

@@ -4,7 +4,7 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
-from fl.config import Config
+from fl.config.blocks import chosen, schema
 from fl.core import Split
 from fl.data.base import Pool
 from fl.data.federate import federate
@@ -25,8 +25,8 @@ def domain_pool(n_per_class: int = 12) -> Pool:
 
 def domains_split(num_clients: int):
     """The data config of a split by domains (FedMosaic's hybrid without the label skew)."""
-    d = OmegaConf.structured(Config).data
-    d.num_clients, d.partition.name, d.partition.clients_per_domain = num_clients, "domains", 2
+    d = schema(chosen(OmegaConf.create({"data": {"partition": {"name": "domains"}}}))).data
+    d.num_clients, d.partition.clients_per_domain = num_clients, 2
     d.partition.min_client_size = 5
     return d
 

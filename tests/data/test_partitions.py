@@ -5,11 +5,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from fl.config import Config, ConfigError
+from fl.config import ConfigError
+from fl.config.blocks import chosen, schema
 from fl.core import Split
-from fl.data import partition as P
 from fl.data.base import Pool
 from fl.data.federate import federate
+from fl.data.partitions.classes import classes
+from fl.data.partitions.dirichlet import dirichlet
+from fl.data.partitions.shards import shards
 
 K = 10
 
@@ -28,8 +31,10 @@ def make_pool(n_per_class=60, domains=0, official_test=True) -> Pool:
 
 def data_cfg(overrides: dict):
     """The data config with `overrides` (dotted keys under data., e.g. "partition.name")."""
-    d = OmegaConf.structured(Config).data
-    d.partition.min_client_size = 5
+    picks = OmegaConf.create({"data": {"partition": {"name": overrides.get("partition.name", "dirichlet")}}})
+    d = schema(chosen(picks)).data  # typed as a run's: the partition's own settings, no other's
+    if "min_client_size" in d.partition:
+        d.partition.min_client_size = 5
     for k, v in overrides.items():
         OmegaConf.update(d, k, v, merge=False)
     return d
@@ -61,7 +66,7 @@ def test_dirichlet_concentration_behaves_in_aggregate():
     def mean_max_share(alpha):  # share of a client's data in its most common class
         shares = []
         for s in range(5):
-            for part in P.dirichlet(labels, 10, alpha, np.random.default_rng(s), min_size=1):
+            for part in dirichlet(labels, 10, alpha, np.random.default_rng(s), min_size=1):
                 shares.append(np.bincount(labels[part], minlength=K).max() / len(part))
         return np.mean(shares)
     assert mean_max_share(0.05) > mean_max_share(1.0) > mean_max_share(100.0)
@@ -70,29 +75,29 @@ def test_dirichlet_concentration_behaves_in_aggregate():
 
 def test_dirichlet_min_size_retry_and_impossible_requests_are_config_errors():
     labels = np.arange(K).repeat(50)
-    parts = P.dirichlet(labels, 8, 0.3, np.random.default_rng(1), min_size=20)
+    parts = dirichlet(labels, 8, 0.3, np.random.default_rng(1), min_size=20)
     assert min(len(p) for p in parts) >= 20 and len(np.unique(np.concatenate(parts))) == 500
     with pytest.raises(ConfigError, match="data.partition.min_client_size"):
-        P.dirichlet(labels, 8, 0.3, np.random.default_rng(1), min_size=100)
+        dirichlet(labels, 8, 0.3, np.random.default_rng(1), min_size=100)
     with pytest.raises(ConfigError, match="raise data.partition.alpha"):
-        P.dirichlet(labels, 20, 0.001, np.random.default_rng(1), min_size=24, max_tries=20)
+        dirichlet(labels, 20, 0.001, np.random.default_rng(1), min_size=24, max_tries=20)
     with pytest.raises(ConfigError, match="data.partition.classes_per_client"):
-        P.classes(labels, 4, 11, np.random.default_rng(0))
+        classes(labels, 4, 11, np.random.default_rng(0))
     with pytest.raises(ConfigError, match="shards"):
-        P.shards(labels, 100, 6, np.random.default_rng(0))
+        shards(labels, 100, 6, np.random.default_rng(0))
 
 
 def test_balanced_dirichlet_caps_client_sizes():
     labels = np.arange(K).repeat(100)
-    sizes = [len(p) for p in P.dirichlet(labels, 10, 0.1, np.random.default_rng(0), 1, balance=True)]
-    free = [len(p) for p in P.dirichlet(labels, 10, 0.1, np.random.default_rng(0), 1, balance=False)]
+    sizes = [len(p) for p in dirichlet(labels, 10, 0.1, np.random.default_rng(0), 1, balance=True)]
+    free = [len(p) for p in dirichlet(labels, 10, 0.1, np.random.default_rng(0), 1, balance=False)]
     assert np.std(sizes) < np.std(free)
 
 
 @pytest.mark.parametrize("assignment", ["round_robin", "random"])
 def test_pathological_classes_per_client(assignment):
     labels = np.arange(K).repeat(30)
-    parts = P.classes(labels, 15, 2, np.random.default_rng(0), assignment)
+    parts = classes(labels, 15, 2, np.random.default_rng(0), assignment)
     assert all(len(np.unique(labels[p])) == 2 for p in parts)
     assert len(np.unique(np.concatenate(parts))) == sum(len(p) for p in parts)
     if assignment == "round_robin":  # 15 x 2 slots over 10 classes: every class held by 3 clients
@@ -104,7 +109,7 @@ def test_pathological_classes_per_client(assignment):
 
 def test_shards_give_each_client_at_most_s_classes_of_equal_size():
     labels = np.arange(K).repeat(40)
-    parts = P.shards(labels, 8, 5, np.random.default_rng(0))
+    parts = shards(labels, 8, 5, np.random.default_rng(0))
     assert all(len(p) == 50 for p in parts) and all(len(np.unique(labels[p])) <= 5 for p in parts)
     assert len(np.unique(np.concatenate(parts))) == 400
 

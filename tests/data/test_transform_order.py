@@ -1,5 +1,5 @@
 """FedDRM's pipeline order (official utils/dataset.py): RandomResizedCrop, then the client's colour shift.
-`data.client_transform_after_augment` shifts each batch after its augmentation; `data.eval_augment` crops
+`data.client_transform.after_augment` shifts each batch after its augmentation; `data.eval_augment` crops
 evaluation batches too (seeded per batch)."""
 import pytest
 import torch
@@ -28,20 +28,20 @@ def module_and_data(out, *extra):
 def raw_images(out, cid):
     """Client `cid`'s stored training images with no colour shift (the same split: the partition does not
     depend on the transform)."""
-    _, data, _ = module_and_data(out, "data.client_transform=none")
+    _, data, _ = module_and_data(out, "data.client_transform.name=none")
     return data.clients[cid].train.x
 
 
 def test_training_batches_are_cropped_then_colour_shifted(tmp_path):
     module, data, _fabric = module_and_data(tmp_path, "data.augment=[resized_crop]",
-                                            "data.client_transform_after_augment=true")
+                                            "data.client_transform.after_augment=true")
     cid, idx = 3, torch.arange(7)
     raw = raw_images(tmp_path, cid)[idx]
     want = feddrm_color(augment(raw, ["resized_crop"], generator(0, 0, cid, "x")), cid, data.num_clients)
     x, _ = module.make_batch(data.clients[cid].train, idx, generator(0, 0, cid, "x"))
     assert torch.equal(x, data.prepare(want))
     # the other order (colour once, then crop) gives other pixels: the option changes what the model sees
-    cached, _, _ = module_and_data(tmp_path, "data.augment=[resized_crop]", "data.client_transform_after_augment=false")
+    cached, _, _ = module_and_data(tmp_path, "data.augment=[resized_crop]", "data.client_transform.after_augment=false")
     y, _ = cached.make_batch(cached.data.clients[cid].train, idx, generator(0, 0, cid, "x"))
     assert not torch.equal(x, y)
     assert torch.equal(y, data.prepare(augment(feddrm_color(raw, cid, data.num_clients), ["resized_crop"],
@@ -49,7 +49,7 @@ def test_training_batches_are_cropped_then_colour_shifted(tmp_path):
 
 
 def test_pooled_batches_take_each_samples_own_shift(tmp_path):
-    module, data, _fabric = module_and_data(tmp_path, "data.client_transform_after_augment=true")
+    module, data, _fabric = module_and_data(tmp_path, "data.client_transform.after_augment=true")
     pooled = data.pooled_train()
     x, _ = module.make_batch(pooled, torch.arange(len(pooled)))
     start = 0
@@ -61,8 +61,8 @@ def test_pooled_batches_take_each_samples_own_shift(tmp_path):
 
 @pytest.mark.slow
 def test_without_augmentation_per_batch_shift_equals_shifting_the_stored_images(tmp_path):
-    once = run_tiny(tmp_path, *FEDDRM, "data.client_transform_after_augment=false", name="once")
-    per_batch = run_tiny(tmp_path, *FEDDRM, "data.client_transform_after_augment=true", name="per_batch")
+    once = run_tiny(tmp_path, *FEDDRM, "data.client_transform.after_augment=false", name="once")
+    per_batch = run_tiny(tmp_path, *FEDDRM, "data.client_transform.after_augment=true", name="per_batch")
     assert read_metrics(once) == read_metrics(per_batch)  # every value bitwise; the wall times aside
 
 
@@ -81,5 +81,5 @@ def test_eval_augment_is_seeded_per_batch_position(tmp_path):
 
 
 def test_per_batch_shift_needs_a_deterministic_transform(tmp_path):
-    with pytest.raises(ConfigError, match="client_transform_after_augment.*feddrm_color"):
-        module_and_data(tmp_path, "data.client_transform=cifar_s", "data.client_transform_after_augment=true")
+    with pytest.raises(ConfigError, match="data.client_transform.after_augment=true .*feddrm_color"):
+        module_and_data(tmp_path, "data.client_transform.name=cifar_s", "data.client_transform.after_augment=true")

@@ -235,10 +235,20 @@ def test_cifar_s_reproducible_and_seeded(no_frost_dir):
 
 
 def test_client_transforms_registry(no_frost_dir):
-    assert set(T.CLIENT_TRANSFORMS) == {"feddrm_color", "cifar_s"}
+    from fl.config import load_config
+    from fl.core.registry import CLIENT_TRANSFORMS, load_plugins
+
+    load_plugins()
+    assert {"none", "feddrm_color", "cifar_s"} <= set(CLIENT_TRANSFORMS)
     x = smooth_images(4)
-    assert torch.equal(T.CLIENT_TRANSFORMS["feddrm_color"](x, 1, 8, 0), T.feddrm_color(x, 1, 8))
-    assert torch.equal(T.CLIENT_TRANSFORMS["cifar_s"](x, 3, 100, 5), T.cifar_s(x, 3, 100, seed=5))
+    colour = load_config(["data.client_transform.name=feddrm_color"]).data.client_transform
+    assert torch.equal(CLIENT_TRANSFORMS["feddrm_color"].fn(x, 1, 8, 0, colour), T.feddrm_color(x, 1, 8))
+    owner = torch.tensor([1, 1, 5, 5])
+    assert torch.equal(CLIENT_TRANSFORMS["feddrm_color"].batch(x, owner, 8, colour),
+                       T.feddrm_color_by_owner(x, owner, 8))
+    corrupted = load_config(["data.client_transform.name=cifar_s"]).data.client_transform
+    assert torch.equal(CLIENT_TRANSFORMS["cifar_s"].fn(x, 3, 100, 5, corrupted), T.cifar_s(x, 3, 100, seed=5))
+    assert CLIENT_TRANSFORMS["cifar_s"].batch is None  # random corruptions: no per-batch form
 
 
 # ----------------------------------------------------------------------------- embedded multi-domain pool
@@ -293,7 +303,7 @@ def test_embedded_domains_past_the_six_styles_are_new_draws_of_them():
 
 @pytest.mark.parametrize("level", ["low", "mid", "high"])
 def test_feddrm_colour_levels_reach_every_client(tmp_path, level):
-    """data.client_transform_level sets FedDRM's colour-shift intensity (Fig. 5): each client's train and test
+    """data.client_transform.level sets FedDRM's colour-shift intensity (Fig. 5): each client's train and test
     images are its own transform of the untransformed split at that level."""
     from fl.config import ConfigError, load_config
     from fl.data import build_data
@@ -301,10 +311,11 @@ def test_feddrm_colour_levels_reach_every_client(tmp_path, level):
     common = [f"data.root={tmp_path}", "data.num_clients=4", "data.embedded.samples_per_class=20",
               "data.partition.min_client_size=5"]
     plain = build_data(load_config(common))
-    shifted = build_data(load_config(common + ["data.client_transform=feddrm_color",
-                                               f"data.client_transform_level={level}"]))
+    shifted = build_data(load_config(common + ["data.client_transform.name=feddrm_color",
+                                               f"data.client_transform.level={level}"]))
     for cid, (p, s) in enumerate(zip(plain.clients, shifted.clients)):
         expected = T.feddrm_color(torch.cat([p.train.x, p.test.x]), cid, 4, level)
         assert torch.equal(torch.cat([s.train.x, s.test.x]), expected)
-    with pytest.raises(ConfigError, match="has no levels"):
-        build_data(load_config(common + ["data.client_transform=cifar_s", "data.client_transform_level=low"]))
+    with pytest.raises(ConfigError, match="data.client_transform.level is a setting of data.client_transform.name="
+                                          "feddrm_color, not of data.client_transform.name='cifar_s'"):
+        load_config(common + ["data.client_transform.name=cifar_s", "data.client_transform.level=low"])

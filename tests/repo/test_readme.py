@@ -1,13 +1,16 @@
 """The docs' examples work: the README's "Adding a method" registered under a test name runs, keeps its persistent
 attribute per client across rounds, and K clients at once give its sequential run; docs/larger-than-memory.md's
-worked example maps the pool and runs as the pool in memory does."""
+worked example maps the pool and runs as the pool in memory does; docs/adding-data.md's dataset, partition and client
+transform are one file each."""
 import re
 import shlex
+import sys
 
 import pytest
 import torch
 
-from fl.core import sample_clients
+from fl.config import ConfigError
+from fl.core import registry, sample_clients
 from tests.helpers import assert_same_rows, doc_section, global_params, load_ckpt, read_metrics, run_cli, run_tiny
 
 
@@ -63,3 +66,59 @@ def test_the_larger_than_memory_example_maps_the_pool_and_runs_as_the_pool_in_me
     assert "memory-mapped" not in runs[1].stderr and (out / "data" / "embedded" / ".fl_cache").is_dir()
     mapped, in_memory = (read_metrics(out / "outputs" / c[-1].split("=")[1]) for c in commands)
     assert mapped == in_memory and len(mapped) == 2
+
+
+@pytest.fixture
+def registry_restored():
+    """The plug-in tables and modules as they were: what a test drops in is gone afterwards."""
+    tables = (registry.DATASETS, registry.PARTITIONS, registry.CLIENT_TRANSFORMS)
+    saved, modules = [dict(t) for t in tables], set(sys.modules)
+    yield
+    for table, before in zip(tables, saved):
+        table.clear()
+        table.update(before)
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
+
+
+def test_the_add_a_dataset_partition_transform_examples_are_one_file_each(out, monkeypatch, capsys,
+                                                                          registry_restored):
+    """Each of the three files of docs/adding-data.md, dropped into a folder of its package's path (as into
+    fl/data/sources/, ...) and found by the same discovery, shows its settings in --help and runs; nothing else is
+    edited."""
+    import fl.data.client_transforms
+    import fl.data.partitions
+    import fl.data.sources
+    from fl.config import load_config
+    from fl.data import build_data
+    from fl.run.train import main
+
+    section = doc_section("docs/adding-data.md", "# Adding a dataset, a partition or a client transform")
+    codes = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(codes) == 3
+    for package, (file, code) in zip((fl.data.sources, fl.data.partitions, fl.data.client_transforms),
+                                     zip(("blobs", "label_chunks", "invert"), codes)):
+        folder = out / package.__name__.rsplit(".", 1)[1]
+        folder.mkdir()
+        (folder / f"readme_{file}.py").write_text(code)
+        monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
+        registry.discover(package.__name__)
+
+    assert main(["data.name=blobs", "--help"]) == 0
+    assert "data.spread=0.5  (float)  [> 0.0]\n      std of each blob" in capsys.readouterr().out
+    assert main(["data.partition.name=label_chunks", "data.client_transform.name=invert", "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert "data.partition.descending=False  (bool)" in shown and "data.client_transform.every=2  (int)" in shown
+    with pytest.raises(ConfigError, match="data.spread is a setting of data.name=blobs"):
+        load_config(["data.spread=1"])
+
+    run_tiny(out, "data.name=blobs", "data.spread=1.0", "model.name=mlp", name="blobs")
+    chunks = ["data.partition.name=label_chunks", "data.client_transform.name=invert", "data.client_transform.every=3"]
+    run_tiny(out, *chunks, name="chunks")
+    common = [f"data.root={out / 'data'}", "data.num_clients=6", "data.embedded.samples_per_class=40"]
+    plain = build_data(load_config(common + chunks[:1]))
+    shifted = build_data(load_config(common + chunks))
+    labels = [c.train.y for c in plain.clients]
+    assert all(a.max() <= b.min() for a, b in zip(labels, labels[1:]))  # contiguous label chunks
+    for cid, (p, s) in enumerate(zip(plain.clients, shifted.clients)):
+        assert torch.equal(s.train.x, 255 - p.train.x if cid % 3 == 0 else p.train.x)

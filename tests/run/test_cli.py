@@ -50,6 +50,22 @@ def test_method_help_of_a_config_shows_its_values(capsys):
     assert "method.lam=2.0  (float, default 1.0)" in capsys.readouterr().out
 
 
+def test_dataset_help_shows_its_own_settings_with_the_configs_values(capsys):
+    assert main(["conf=pfedfda_emnist", "data.name=emnist", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("data.name=emnist: ") and "method.name=" not in out
+    assert "data.variant='byclass'  (Optional[str], default None)  [one of byclass," in out
+    assert "data.download=" in out and "data.num_clients" not in out  # its own settings, not every dataset's keys
+    assert main(["data.name=embedded", "method.name=fedprox", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "method.mu=" in out and "data.embedded.samples_per_class=300  (int)  [>= 4]" in out
+
+
+def test_help_of_an_unknown_dataset_names_the_choices(capsys):
+    assert main(["data.name=cifar11", "--help"]) == 2
+    assert "data.name='cifar11' is not valid; did you mean 'cifar10'?" in capsys.readouterr().err
+
+
 def test_print_config_prints_the_resolved_config(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["--print-config", "trainer.rounds=7"]) == 0

@@ -1,11 +1,7 @@
-"""Real dataset loaders. Each module registers its datasets with `fl.core.register_dataset`;
-a loader takes the `data` config block and returns a `fl.data.base.Pool`."""
-from fl.data.sources import (  # noqa: F401  (registers the datasets)
-    arrays,
-    cifar,
-    domains,
-    fedpals_synthetic,
-    iwildcam,
-    mnist,
-    tinyimagenet,
-)
+"""The datasets, a module each (some register several): each registers its loader with
+`@register_dataset(name, Settings)`. A loader takes the `data` config block (the keys every dataset takes, with
+the dataset's own settings among them) and returns a `fl.data.base.Pool`. Every module here is imported, so a new
+dataset is one new file."""
+from fl.core.registry import discover
+
+discover(__name__)

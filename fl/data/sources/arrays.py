@@ -12,6 +12,7 @@ reads, e.g. LEAF's FEMNIST with writer ids saved as `domain`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -20,10 +21,10 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from fl.config import ConfigError
+from fl.config import ConfigError, param
 from fl.core import Split
 from fl.core.registry import register_dataset
-from fl.data.base import DataError, Pool, check_no_variant
+from fl.data.base import DataError, Pool
 
 LAYOUT = ("a .npz or .pt file with x and y (optionally domain, x_test, y_test, domain_test, class_names, "
           "domain_names, mean, std)")
@@ -96,9 +97,15 @@ def _names(blob: dict, key: str) -> list[str]:
     return [] if v is None else [str(s) for s in (v.tolist() if hasattr(v, "tolist") else v)]
 
 
-@register_dataset("arrays")
+@dataclass
+class Settings:
+    """data.* keys of the arrays file (data.root names it)."""
+    image_size: Optional[int] = param(None, ge=8, help="resize uint8 images to this side when loaded; null = as "
+                                      "stored (float inputs are never resized)")
+
+
+@register_dataset("arrays", Settings)
 def load_arrays(d: DictConfig) -> Pool:
-    check_no_variant(d, "arrays")
     path = Path(d.root)
     blob = _read(path)
     train = _split(blob, path, "", d.image_size)

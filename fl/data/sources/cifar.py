@@ -13,7 +13,9 @@ CIFAR-20 on the *fine* labels (official code; the paper does not say): the parti
 from __future__ import annotations
 
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -22,7 +24,7 @@ from torch import Tensor
 
 from fl.core import Split
 from fl.core.registry import register_dataset
-from fl.data.base import DataError, Pool, check_no_variant, removed_if_failed
+from fl.data.base import DataError, Pool, download_param, image_size_param, removed_if_failed
 
 # Normalize(0.5, 0.5) -> [-1, 1]: FedDRM (official code), FedMosaic (Sec. 8), pFedFDA (Sec. 5.1);
 # FedACD gives no preprocessing.
@@ -30,6 +32,14 @@ MEAN = STD = (0.5, 0.5, 0.5)
 NATIVE_SIZE = 32
 OBTAIN = "set data.download=true to fetch it with torchvision"
 REFETCH = "delete the folder and set data.download=true to fetch it again with torchvision"
+
+
+@dataclass
+class Settings:
+    """data.* keys of the CIFAR datasets (besides data.root)."""
+    download: bool = download_param()
+    image_size: Optional[int] = image_size_param(NATIVE_SIZE)
+
 
 CIFAR10 = ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], "batches.meta")
 CIFAR100 = ("cifar-100-python", ["train"], ["test"], "meta")
@@ -94,7 +104,6 @@ def _resize(x: Tensor, d: DictConfig) -> Tensor:
 
 
 def _load(d: DictConfig, name: str, layout: tuple, tv_name: str, label_key: str, names_key: str) -> Pool:
-    check_no_variant(d, name)
     base = _ensure(d, layout, tv_name)
     _, train_files, test_files, meta_file = layout
     class_names = [str(c) for c in _unpickle(base / meta_file, (names_key,))[names_key]]
@@ -107,17 +116,17 @@ def _load(d: DictConfig, name: str, layout: tuple, tv_name: str, label_key: str,
                 mean=MEAN, std=STD)
 
 
-@register_dataset("cifar10")
+@register_dataset("cifar10", Settings)
 def load_cifar10(d: DictConfig) -> Pool:
     return _load(d, "cifar10", CIFAR10, "CIFAR10", "labels", "label_names")
 
 
-@register_dataset("cifar100")
+@register_dataset("cifar100", Settings)
 def load_cifar100(d: DictConfig) -> Pool:
     return _load(d, "cifar100", CIFAR100, "CIFAR100", "fine_labels", "fine_label_names")
 
 
-@register_dataset("cifar20")
+@register_dataset("cifar20", Settings)
 def load_cifar20(d: DictConfig) -> Pool:
     """CIFAR-100 images, y = the 20 coarse labels; `Pool.fine_labels` holds the 100 fine labels, on which
     FedDRM partitions (`data.partition.labels=fine`)."""

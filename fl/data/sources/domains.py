@@ -27,17 +27,19 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
+from fl.config import param
 from fl.core import Split
 from fl.core.mapped_images import MappedImages
 from fl.core.registry import register_dataset
 from fl.data import cache
-from fl.data.base import DataError, Pool, check_no_variant
+from fl.data.base import DataError, Pool
 from fl.data.cache import parts_of
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png")
@@ -219,7 +221,6 @@ def _domain_entries(spec: DomainDataset, base: Path, domain: str, dom_id: int) -
 
 
 def load_domains(spec: DomainDataset, d: DictConfig) -> Pool:
-    check_no_variant(d, spec.name)
     size = int(d.image_size or spec.default_size)
     base = Path(d.root) / spec.folder
     if not base.is_dir():
@@ -239,16 +240,24 @@ def load_domains(spec: DomainDataset, d: DictConfig) -> Pool:
                 list(spec.domains), spec.mean, spec.std)
 
 
-@register_dataset("domainnet")
+@dataclass
+class Settings:
+    """data.* keys of the multi-domain datasets (besides data.root)."""
+    image_size: Optional[int] = param(None, ge=8, help="side of the square images, resized when loaded; null = "
+                                      f"{DOMAINNET.default_size} px (DomainNet, Office-Caltech10; FedMosaic Sec. 8), "
+                                      f"{PACS.default_size} (PACS)")
+
+
+@register_dataset("domainnet", Settings)
 def load_domainnet(d: DictConfig) -> Pool:
     return load_domains(DOMAINNET, d)
 
 
-@register_dataset("office_caltech10")
+@register_dataset("office_caltech10", Settings)
 def load_office_caltech10(d: DictConfig) -> Pool:
     return load_domains(OFFICE_CALTECH10, d)
 
 
-@register_dataset("pacs")
+@register_dataset("pacs", Settings)
 def load_pacs(d: DictConfig) -> Pool:
     return load_domains(PACS, d)

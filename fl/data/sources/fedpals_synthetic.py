@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from fl.core import Split, derive_seed
 from fl.core.registry import register_dataset
-from fl.data.base import Pool, check_no_variant
+from fl.data.base import Pool
 
 MEANS = torch.tensor([[6.0, 4.6], [1.2, -1.6], [4.6, -5.4]])
 CLIENTS = ((20, 20, 0), (9, 0, 9))  # per-class counts of each client
@@ -29,7 +29,6 @@ def _draw(counts, gen: torch.Generator, domain: int | None = None) -> Split:
 
 @register_dataset("fedpals_synthetic")
 def load_fedpals_synthetic(d: DictConfig) -> Pool:
-    check_no_variant(d, "fedpals_synthetic")
     gen = torch.Generator().manual_seed(derive_seed(d.partition.seed or 0, 0, -1, "fedpals-synthetic"))
     train = Split.cat([_draw(c, gen, i) for i, c in enumerate(CLIENTS)])
     test = _draw((TEST_PER_CLASS,) * 3, gen, 0)

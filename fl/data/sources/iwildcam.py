@@ -11,14 +11,16 @@ states no preprocessing) and normalised with ImageNet statistics.
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from omegaconf import DictConfig
 
 from fl.core import Split
 from fl.core.registry import register_dataset
-from fl.data.base import DataError, Pool, check_no_variant
+from fl.data.base import DataError, Pool, image_size_param
 from fl.data.sources.domains import Entry, cached_images
 
 FOLDER = "iwildcam_v2.0"
@@ -48,9 +50,14 @@ def _rows(base: Path) -> list[dict]:
     return rows
 
 
-@register_dataset("iwildcam")
+@dataclass
+class Settings:
+    """data.* keys of iWildCam (besides data.root)."""
+    image_size: Optional[int] = image_size_param(DEFAULT_SIZE)
+
+
+@register_dataset("iwildcam", Settings)
 def load_iwildcam(d: DictConfig) -> Pool:
-    check_no_variant(d, "iwildcam")
     base = Path(d.root) / FOLDER
     rows = _rows(base)
     cameras = sorted({int(r["location_remapped"]) for r in rows if r["split"] in ("train", "test")})

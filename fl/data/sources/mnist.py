@@ -12,20 +12,36 @@ e.g. converted to the `arrays` format. EMNIST stores images transposed; they are
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from omegaconf import DictConfig
 from torch import Tensor
 
-from fl.config import ConfigError
+from fl.config import ConfigError, param
 from fl.core import Split
 from fl.core.registry import register_dataset
-from fl.data.base import DataError, Pool, check_no_variant, removed_if_failed
+from fl.data.base import DataError, Pool, download_param, image_size_param, removed_if_failed
 
 MEAN, STD = (0.5,), (0.5,)  # Normalize(0.5, 0.5) -> [-1, 1]: FedMosaic Sec. 8 (FMNIST), pFedFDA Sec. 5.1
 NATIVE_SIZE = 28
 EMNIST_SPLITS = ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
 DEFAULT_EMNIST_SPLIT = "byclass"
+
+
+@dataclass
+class Settings:
+    """data.* keys of Fashion-MNIST (besides data.root)."""
+    download: bool = download_param()
+    image_size: Optional[int] = image_size_param(NATIVE_SIZE)
+
+
+@dataclass
+class EMNISTSettings(Settings):
+    """data.* keys of EMNIST (besides data.root)."""
+    variant: Optional[str] = param(None, choices=list(EMNIST_SPLITS),
+                                   help=f"the EMNIST split; null = {DEFAULT_EMNIST_SPLIT} (pFedFDA's 62 classes)")
 
 
 def _torchvision(d: DictConfig, cls_name: str, files: list[str], **kw) -> tuple[object, object]:
@@ -71,15 +87,14 @@ def _pool(name: str, train, test, d: DictConfig, class_names: list[str], transpo
     return Pool(name, splits[0], splits[1], len(class_names), class_names, mean=MEAN, std=STD)
 
 
-@register_dataset("fmnist")
+@register_dataset("fmnist", Settings)
 def load_fmnist(d: DictConfig) -> Pool:
-    check_no_variant(d, "fmnist")
     files = [f"{s}-{k}-ubyte" for s in ("train", "t10k") for k in ("images-idx3", "labels-idx1")]
     train, test = _torchvision(d, "FashionMNIST", files)
     return _pool("fmnist", train, test, d, list(train.classes))
 
 
-@register_dataset("emnist")
+@register_dataset("emnist", EMNISTSettings)
 def load_emnist(d: DictConfig) -> Pool:
     split = d.variant if d.variant is not None else DEFAULT_EMNIST_SPLIT
     if split not in EMNIST_SPLITS:

@@ -8,20 +8,28 @@ so the pool keeps them apart.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from omegaconf import DictConfig
 
 from fl.core import Split
 from fl.core.registry import register_dataset
-from fl.data.base import DataError, Pool, check_no_variant
+from fl.data.base import DataError, Pool, image_size_param
 from fl.data.sources.domains import Entry, cached_images, list_images
 
 FOLDER = "tiny-imagenet-200"
 DEFAULT_SIZE = 64  # native resolution (pFedFDA, App. C.1; FedACD gives no size)
 MEAN = STD = (0.5, 0.5, 0.5)  # [-1, 1] as pFedFDA normalises every dataset (Sec. 5.1); FedACD gives none
 OBTAIN = "download http://cs231n.stanford.edu/tiny-imagenet-200.zip and unzip it into data.root"
+
+
+@dataclass
+class Settings:
+    """data.* keys of TinyImageNet (besides data.root)."""
+    image_size: Optional[int] = image_size_param(DEFAULT_SIZE)
 
 
 def _layout(base: Path) -> str:
@@ -62,9 +70,8 @@ def _entries(base: Path) -> tuple[list[str], list[Entry], list[Entry]]:
     return wnids, train, test
 
 
-@register_dataset("tinyimagenet")
+@register_dataset("tinyimagenet", Settings)
 def load_tinyimagenet(d: DictConfig) -> Pool:
-    check_no_variant(d, "tinyimagenet")
     base = Path(d.root) / FOLDER
     wnids, train, test = _entries(base)
     x = cached_images(base, int(d.image_size or DEFAULT_SIZE), {"train": train, "test": test}, OBTAIN, d,

@@ -1,0 +1,110 @@
+"""The schema of a run, built from what its config chooses: the chosen method's typed config (method.*), the
+chosen dataset's settings (data.*, beside the keys every dataset takes), the chosen partition's (data.partition.*)
+and client transform's (data.client_transform.*), each registered with its plug-in (fl/core/registry.py), and one
+typed block per evaluator (evaluators.<name>).
+"""
+from __future__ import annotations
+
+from dataclasses import field, fields, make_dataclass
+from functools import cache
+
+from omegaconf import DictConfig, OmegaConf
+
+from fl.config.errors import ConfigError, choices_msg
+from fl.config.schema import ClientTransformConfig, Config, DataConfig, PartitionConfig
+from fl.core import registry
+
+
+def data_choices() -> tuple[tuple[str, dict, type], ...]:
+    """Each data plug-in choice: the block its `name` key picks it in, the table it names, the keys every choice of
+    that block takes. A dataset's settings are data.* keys, beside num_clients and the other pipeline keys."""
+    return (("data", registry.DATASETS, DataConfig), ("data.partition", registry.PARTITIONS, PartitionConfig),
+            ("data.client_transform", registry.CLIENT_TRANSFORMS, ClientTransformConfig))
+
+
+def _default_name(base: type) -> str:
+    return next(f.default for f in fields(base) if f.name == "name")
+
+
+def chosen(*sources) -> dict[str, str]:
+    """What the sources choose, the last one that names it winning: {"method": ..., "data": ..., "data.partition":
+    ...}, each checked against its table."""
+    registry.load_plugins()
+    picks = {"method": "fedavg", **{block: _default_name(base) for block, _, base in data_choices()}}
+    for src in sources:
+        for block in picks:
+            value = OmegaConf.select(src, f"{block}.name", default=None)
+            picks[block] = picks[block] if value is None else value
+    tables = {"method": registry.METHODS, **{block: table for block, table, _ in data_choices()}}
+    for block, value in picks.items():
+        if not isinstance(value, str) or value not in tables[block]:
+            raise ConfigError(choices_msg(f"{block}.name", value, tables[block]))
+    return picks
+
+
+@cache
+def block_class(base: type, plugin: registry.DataPlugin) -> type:
+    """The typed block of a plug-in choice: the keys `base` gives every choice, then the plug-in's own settings."""
+    clash = sorted({f.name for f in fields(plugin.settings)} & {f.name for f in fields(base)})
+    if clash:
+        raise TypeError(f"{plugin.name!r}: its settings redefine {', '.join(clash)}, which every choice's block has")
+    name = next(f for f in fields(base) if f.name == "name")
+    return make_dataclass(f"{base.__name__}_{plugin.name}", [("name", str, field(default=plugin.name,
+                                                                                   metadata=name.metadata))],
+                          bases=(plugin.settings, base))
+
+
+def _evaluator_settings():
+    """One typed block per registered evaluator: evaluators.<name>."""
+    blocks = [(name, cls.Settings, field(default_factory=cls.Settings)) for name, cls in registry.EVALUATORS.items()]
+    return make_dataclass("EvaluatorSettings", blocks)()
+
+
+def schema(picks: dict[str, str]) -> DictConfig:
+    """The structured config of a run with these choices (`chosen`)."""
+    partition = block_class(PartitionConfig, registry.PARTITIONS[picks["data.partition"]])()
+    transform = block_class(ClientTransformConfig, registry.CLIENT_TRANSFORMS[picks["data.client_transform"]])()
+    data = block_class(DataConfig, registry.DATASETS[picks["data"]])(partition=partition, client_transform=transform)
+    return OmegaConf.structured(Config(method=registry.METHODS[picks["method"]].config_cls(), data=data,
+                                       evaluators=_evaluator_settings()))
+
+
+@cache
+def settings_keys(settings: type) -> frozenset[str]:
+    """The dotted keys of a settings class's leaves (a nested block's keys as block.key)."""
+    def leaves(node, prefix: str = ""):
+        for key, value in node.items():
+            yield from leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [prefix + key]
+    return frozenset(leaves(OmegaConf.to_container(OmegaConf.structured(settings))))
+
+
+def drop_replaced_settings(lower: DictConfig, upper: DictConfig) -> None:
+    """Where `upper` (a config over its includes, the command line over the config) names another dataset or
+    partition than `lower` does, the settings `lower` gives the one it names that the new one does not take leave
+    `lower`: they belong to the plug-in replaced (a real dataset's data.download, under its synthetic twin's
+    generated data), as a replaced method's hyperparameters do. Settings both take stay, as they always have."""
+    for block, table, base in data_choices():
+        new = OmegaConf.select(upper, f"{block}.name", default=None)
+        old = OmegaConf.select(lower, f"{block}.name", default=None) or _default_name(base)
+        if new == old or new not in table or old not in table:
+            continue
+        for key in settings_keys(table[old].settings) - settings_keys(table[new].settings):
+            parent, _, leaf = f"{block}.{key}".rpartition(".")
+            node = OmegaConf.select(lower, parent, default=None)
+            if isinstance(node, DictConfig) and leaf in node:
+                del node[leaf]
+
+
+def other_takers(key: str, schema_node: DictConfig) -> str:
+    """For an unknown data key: the datasets or partitions whose settings have it (`data.variant` is EMNIST's),
+    as a hint; "" if none has."""
+    for block, table, _ in sorted(data_choices(), key=lambda choice: -len(choice[0])):
+        if key.startswith(block + "."):
+            rel = key[len(block) + 1:]
+            takers = sorted(name for name, plugin in table.items()  # a leaf, or a block of them (data.embedded)
+                            if any(k == rel or k.startswith(rel + ".") for k in settings_keys(plugin.settings)))
+            if not takers:
+                return ""
+            current = OmegaConf.select(schema_node, f"{block}.name")
+            return f": {key} is a setting of {block}.name={', '.join(takers)}, not of {block}.name={current!r}"
+    return ""
