@@ -211,17 +211,18 @@ def test_every_shipped_sweep_file_is_valid(path):
     a config fl.train accepts: the conf exists, the method is known, each parameter is a valid key."""
     sweep = load_sweep(path)
     assert sweep.metric, f"{path.name}: a sweep needs a metric to pick the best point"
-    assert any(a.startswith("conf=") for a in sweep.fixed_args) or "conf" in sweep.params, (
-        f"{path.name}: neither the command nor the parameters name a conf")
+    arms_name_conf = bool(sweep.arms) and all(any(w.startswith("conf=") for w in ws) for ws in sweep.arms.values())
+    assert any(a.startswith("conf=") for a in sweep.fixed_args) or "conf" in sweep.params or arms_name_conf, (
+        f"{path.name}: neither the command nor the parameters (nor every arm) name a conf")
     seeds = grid_values("seed", sweep.params["seed"]) if "seed" in sweep.params else [None]
     points = expand(sweep, count=5)
     assert points
     for point in points:
         for seed in seeds:
-            argv = sweep.fixed_args + point_args(point) + ([f"seed={seed}"] if seed is not None else [])
+            argv = sweep.point_argv(point) + ([f"seed={seed}"] if seed is not None else [])
             cfg = load_config(argv)
             for key, value in point.items():  # the value arrives typed, as the file meant it
-                if key == "conf":  # the config file itself, not a key of it
+                if key in ("conf", "arm"):  # the config file itself, an arm's name: not keys of the config
                     continue
                 got = cfg
                 for part in key.split("."):

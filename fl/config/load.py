@@ -15,6 +15,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from fl.config.arms import expand_arms
 from fl.config.errors import ConfigError
 from fl.config.schema import Config
 from fl.core import registry
@@ -162,9 +163,10 @@ def load_conf_file(path: Path, seen: tuple = ()) -> DictConfig:
 
 
 def parse_argv(argv: list[str]) -> tuple[Optional[str], list[str]]:
-    """Split CLI arguments into the conf name and OmegaConf dotlist overrides."""
+    """Split CLI arguments into the conf name and OmegaConf dotlist overrides (a sweep arm, `arm=NAME` with its
+    `arms.NAME=...`, becomes its overrides first: fl/config/arms.py)."""
     conf, overrides = None, []
-    for arg in argv:
+    for arg in expand_arms(argv):
         if "=" not in arg or arg.startswith("="):
             raise ConfigError(f"argument {arg!r} is not key=value (e.g. conf=quickstart trainer.rounds=5)")
         if arg.split("=", 1)[0].startswith(".") or ".." in arg.split("=", 1)[0]:
