@@ -8,6 +8,7 @@ Bad input raises `ConfigError` with a one-line message naming the key (and file)
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import field, fields, is_dataclass, make_dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -110,10 +111,19 @@ def refuse_moved_keys(node: DictConfig, where: str) -> None:
             raise ConfigError(f"{where}: {key} is a group now; write {BECAME_GROUPS[key]}={value!r}")
 
 
+@functools.lru_cache(maxsize=1)
+def _shape() -> DictConfig:
+    """The schema's shape, built once: OmegaConf.structured(Config) costs ~0.1 s and every config file and command
+    line is checked against it (a sweep plans hundreds). check_shapes only reads it."""
+    shape = OmegaConf.structured(Config)
+    OmegaConf.set_readonly(shape, True)
+    return shape
+
+
 def check_shapes(node: DictConfig, where: str) -> None:
     """A scalar where the schema has a group (`trainer=5`, `method: fedprox`) or a key under a list
     (`data.augment.flip=true`) stops here in one line, saying what to write instead."""
-    shape, given = OmegaConf.structured(Config), OmegaConf.to_container(node, resolve=False)
+    shape, given = _shape(), OmegaConf.to_container(node, resolve=False)
     for key in _leaf_keys(node):
         parts, at, value = key.split("."), shape, given
         for i, part in enumerate(parts):
