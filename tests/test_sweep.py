@@ -232,3 +232,24 @@ def test_every_shipped_sweep_file_is_valid(path):
                 assert got == value or (isinstance(value, float) and math.isclose(got, value)), (key, got, value)
     if sweep.method == "grid":
         assert len({json.dumps(p, sort_keys=True) for p in points}) == len(points)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_reaped_run_carries_its_exit_code_and_the_cpu_time_it_used(code, tmp_path):
+    """The runner reaps each run with wait4: the exit code as Popen's, and the CPU time its process used (the
+    projection basis of fl.reproduce --dry-run), which a run that burns 0.3 s of CPU cannot report as less."""
+    import subprocess
+    import sys
+    import time
+
+    from fl.sweep.runner import _reaped
+    burn = f"import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nsys.exit({code})"
+    proc = subprocess.Popen([sys.executable, "-c", burn])
+    job = Job("p000", {}, 0, tmp_path / "run")
+    deadline = time.time() + 60
+    while not _reaped(job, proc):
+        assert time.time() < deadline
+        time.sleep(0.05)
+    assert proc.returncode == code and proc.poll() == code
+    assert 0.3 <= job.cpu_seconds < 30

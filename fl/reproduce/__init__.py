@@ -1,2 +1,3 @@
-"""`python -m fl.reproduce PAPER`: a seed paper's tables and claims (papers/<paper>.yaml, spec.py, claims.py)
-regenerated through fl.sweep (plan.py) and printed beside the paper's numbers (cells.py, compare.py, render.py)."""
+"""`python -m fl.reproduce PAPER` (cli.py): a seed paper's tables and claims as data (papers/<paper>.yaml, spec.py,
+claims.py), regenerated through fl.sweep (plan.py), judged and printed beside the paper's numbers (cells.py,
+compare.py, render.py), with --dry-run's projected times (timing.py)."""

@@ -235,7 +235,7 @@ def evaluate(paper: Paper, claim: Claim, results: dict[CellKey, Cell], scale: st
         needed = keys if claim.rule in ("better", "within") else [keys[0]]
         missing = [k for k in needed if k not in results] or ([] if column_cells else [keys[0]])
         if missing:
-            checks.append(Check(label, None, "not run at this scale: " + ", ".join(
+            checks.append(Check(label, None, ", ".join(
                 f"{k.table}/{k.column}/{k.row}" if k.row else f"{k.table}/{k.column}" for k in missing)))
             continue
         if claim.rule == "better":

@@ -46,6 +46,8 @@ class Job:
     run_dir: Path
     config: dict = field(default_factory=dict)  # the resolved config it runs, flattened (logger.* left out)
     seconds: Optional[float] = None  # wall time of its run in this invocation (None: reused, or not run)
+    cpu_seconds: Optional[float] = None  # the CPU time its process used (user + system): unlike the wall time, it
+                                         # does not grow when other work shares the CPU
     sweep: Optional[Sweep] = None    # the sweep and the extra arguments it runs with (plan_points sets them), so
     extra: Optional[list[str]] = None  # jobs of several sweeps run in one queue (fl.reproduce)
 
@@ -114,7 +116,7 @@ def run_jobs(sweep: Optional[Sweep], jobs: list[Job], extra: list[str], parallel
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
                 running.append((job, proc, time.time(), log))
             time.sleep(0.2)
-            for item in [r for r in running if r[1].poll() is not None]:
+            for item in [r for r in running if _reaped(r[0], r[1])]:
                 running.remove(item)
                 job, proc, start, log = item
                 log.close()
@@ -136,6 +138,23 @@ def run_jobs(sweep: Optional[Sweep], jobs: list[Job], extra: list[str], parallel
             proc.wait()
         raise
     return failed
+
+
+def _reaped(job: Job, proc: subprocess.Popen) -> bool:
+    """Whether the run's process ended; where the OS reports it (wait4), the CPU time it used goes to the job."""
+    if not hasattr(os, "wait4"):
+        return proc.poll() is not None
+    if proc.returncode is not None:
+        return True
+    try:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    except ChildProcessError:  # reaped elsewhere
+        return proc.poll() is not None
+    if pid == 0:
+        return False
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    job.cpu_seconds = usage.ru_utime + usage.ru_stime
+    return True
 
 
 def test_counterpart(metric: Optional[str]) -> Optional[str]:
