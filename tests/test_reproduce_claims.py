@@ -106,6 +106,20 @@ def test_a_claim_over_columns_fails_when_one_column_fails_and_skips_columns_not_
     assert evaluate(p, p.claims[0], {}, "twin").verdict is None
 
 
+def test_a_spearman_claim_is_judged_from_its_columns_cells_and_skips_a_column_not_run():
+    """A spearman claim names a column, no row: its check reads every row's cell of that column."""
+    p = paper_with(rule="spearman", table="t", min_rho=0.8, columns=["c1", "c2"])
+    k = lambda r: CellKey("t", "c1", r)  # noqa: E731
+    agreeing = {k("A"): cell(9, 10), k("B"): cell(7, 8), k("C"): cell(5, 6), k("D"): cell(3, 4)}
+    r = evaluate(p, p.claims[0], agreeing, "twin")
+    assert r.verdict == HOLDS and r.checks[0].detail.startswith("rho = 1.00 over 4 rows")
+    assert r.checks[1].verdict is None and r.checks[1].detail == "t/c2"
+    reversed_ = {k("A"): cell(3, 4), k("B"): cell(5, 6), k("C"): cell(7, 8), k("D"): cell(9, 10)}
+    assert evaluate(p, p.claims[0], reversed_, "twin").verdict == FAILS
+    one_seed = {key: cell(c.mean) for key, c in agreeing.items()}
+    assert evaluate(p, p.claims[0], one_seed, "twin").verdict == UNRESOLVED
+
+
 def test_a_twin_note_is_shown_beside_a_twin_verdict_that_does_not_hold_and_scales_are_respected():
     p = paper_with(rule="better", table="t", a="A", b="B", column="c1", twin_note="measured: the twin is mild")
     k = lambda r: CellKey("t", "c1", r)  # noqa: E731
