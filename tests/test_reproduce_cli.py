@@ -140,13 +140,14 @@ def test_overlapping_seeds_are_unresolved_and_a_failing_claim_is_printed(tmp_pat
 @pytest.mark.slow
 def test_a_tiny_reproduction_end_to_end_runs_then_reuses_its_runs(tmp_path):
     paper = tiny_paper(tmp_path)
-    args = [paper, "--table", "t1", "--seeds", "2", "--parallel", "2", "--out", str(tmp_path / "o"), *TINY,
+    args = [paper, "--table", "t1", "--seeds", "1", "--parallel", "2", "--out", str(tmp_path / "o"), *TINY,
             f"data.root={tmp_path / 'data'}"]
     res = run_cli(args, cwd=tmp_path, script=("-m", "fl.reproduce"))
     assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-2000:]
-    assert "| FedAvg | 60.0 ± 1.0 | 2 |" in res.stdout and "`prox_above`" in res.stdout
+    assert "| FedAvg | 60.0 ± 1.0 | 2 |" in res.stdout
+    assert "**UNRESOLVED** `prox_above`" in res.stdout and "1 seed: no spread to compare" in res.stdout
     runs = sorted((tmp_path / "o" / "tiny" / "twin" / "runs" / "tiny_compare").glob("*/summary.json"))
-    assert len(runs) == 4
+    assert len(runs) == 2
     again = run_cli(args, cwd=tmp_path, script=("-m", "fl.reproduce"))
-    assert again.returncode == 0 and "reusing 4 of 4 runs" in again.stdout
+    assert again.returncode == 0 and "reusing 2 of 2 runs" in again.stdout
     assert res.stdout.split("## Claims")[1] == again.stdout.split("## Claims")[1]
