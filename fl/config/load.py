@@ -15,6 +15,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from fl.config.arms import expand_arms
 from fl.config.blocks import chosen, drop_replaced_settings, other_takers, schema
 from fl.config.errors import ConfigError, choices_msg, suggest
 from fl.core import registry
@@ -123,8 +124,11 @@ def refuse_moved_keys(node: DictConfig, where: str) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _default_schema() -> DictConfig:
-    """The schema of the default choices: the shape check_shapes reads (it is not changed)."""
-    return schema(chosen())
+    """The schema of the default choices, built once (a config check costs ~0.1 s otherwise, and a sweep plans
+    hundreds): the shape check_shapes reads; read-only, it is never changed."""
+    shape = schema(chosen())
+    OmegaConf.set_readonly(shape, True)
+    return shape
 
 
 def check_shapes(node: DictConfig, where: str) -> None:
@@ -184,9 +188,10 @@ def load_conf_file(path: Path, seen: tuple = ()) -> DictConfig:
 
 
 def parse_argv(argv: list[str]) -> tuple[Optional[str], list[str]]:
-    """Split CLI arguments into the conf name and OmegaConf dotlist overrides."""
+    """Split CLI arguments into the conf name and OmegaConf dotlist overrides (a sweep arm, `arm=NAME` with its
+    `arms.NAME=...`, becomes its overrides first: fl/config/arms.py)."""
     conf, overrides = None, []
-    for arg in argv:
+    for arg in expand_arms(argv):
         if "=" not in arg or arg.startswith("="):
             raise ConfigError(f"argument {arg!r} is not key=value (e.g. conf=quickstart trainer.rounds=5)")
         if arg.split("=", 1)[0].startswith(".") or ".." in arg.split("=", 1)[0]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from fl.config import CONF_DIR, ConfigError, config_diff, load_config, to_yaml
+from fl.config import CONF_DIR, ConfigError, config_diff, expand_arms, load_config, to_yaml
 from fl.config.blocks import data_choices
 from fl.config.load import ABSENT, added_key_message
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
@@ -225,6 +225,7 @@ def print_only(argv: list[str]) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        argv = expand_arms(argv)  # a sweep arm (W&B's agent passes arm=NAME arms.NAME='...'): its overrides, in place
         printed = print_only(argv)
     except ConfigError as err:
         return _fail(str(err), 2)

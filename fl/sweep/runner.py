@@ -46,6 +46,11 @@ class Job:
     seed: Optional[int]
     run_dir: Path
     config: dict = field(default_factory=dict)  # the resolved config it runs, flattened (logger.* left out)
+    seconds: Optional[float] = None  # wall time of its run in this invocation (None: reused, or not run)
+    cpu_seconds: Optional[float] = None  # the CPU time its process used (user + system): unlike the wall time, it
+                                         # does not grow when other work shares the CPU
+    sweep: Optional[Sweep] = None    # the sweep and the extra arguments it runs with (plan_points sets them), so
+    extra: Optional[list[str]] = None  # jobs of several sweeps run in one queue (fl.reproduce)
 
     @property
     def finished(self) -> bool:
@@ -82,48 +87,55 @@ def train_argv(sweep: Sweep, job: Job, extra: list[str]) -> list[str]:
         return [f"resume={job.run_dir}", *[a for a in extra if a.startswith(("logger.", "fabric."))]]
     if job.run_dir.exists():  # died before its first checkpoint: start it again
         shutil.rmtree(job.run_dir)
-    return [*sweep.fixed_args, *point_args(job.point), *([f"seed={job.seed}"] if job.seed is not None else []),
+    return [*sweep.point_argv(job.point), *([f"seed={job.seed}"] if job.seed is not None else []),
             *extra, f"logger.output_dir={job.run_dir.parent}", f"logger.run_name={job.run_dir.name}",
             f"logger.wandb.group=sweep-{sweep.name}"]
 
 
-def run_jobs(sweep: Sweep, jobs: list[Job], extra: list[str], parallel: int) -> list[Job]:
-    """Runs the unfinished jobs, `parallel` at a time; returns the ones that failed."""
+def run_jobs(sweep: Optional[Sweep], jobs: list[Job], extra: list[str], parallel: int) -> list[Job]:
+    """Runs the unfinished jobs, `parallel` at a time (each with its own sweep and extra arguments where
+    plan_points set them, else `sweep` and `extra`); returns the ones that failed."""
     todo = [j for j in jobs if not j.finished]
     done = len(jobs) - len(todo)
     if done:
         names = ", ".join(j.run_dir.name for j in jobs if j.finished)
         print(f"reusing {done} of {len(jobs)} runs, finished earlier with the same config: {names}; "
               f"{len(todo)} to go")
-    logs = jobs[0].run_dir.parent / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    folders = list(dict.fromkeys(j.run_dir.parent / "logs" for j in jobs))
+    for logs in folders:
+        logs.mkdir(parents=True, exist_ok=True)
     running: list[tuple[Job, subprocess.Popen, float, object]] = []
     failed = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stdout and stderr reach the log in the order they were written
     env.pop("FL_RUN_DIR", None)
     if todo:
-        print(f"each run's output: {logs}/<run>.log (one line per evaluation round; tail -f to follow)", flush=True)
+        shown = str(folders[0]) if len(folders) == 1 else "<sweep dir>/logs"
+        print(f"each run's output: {shown}/<run>.log (one line per evaluation round; tail -f to follow)", flush=True)
     try:
         while todo or running:
             while todo and len(running) < parallel:
                 job = todo.pop(0)
-                log = (logs / f"{job.run_dir.name}.log").open("w")
-                cmd = [sys.executable, "-m", "fl.train", *train_argv(sweep, job, extra)]
+                log = (job.run_dir.parent / "logs" / f"{job.run_dir.name}.log").open("w")
+                cmd = [sys.executable, "-m", "fl.train",
+                       *train_argv(job.sweep or sweep, job, job.extra if job.extra is not None else extra)]
                 log.write(" ".join(cmd) + "\n")
                 log.flush()
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
                 running.append((job, proc, time.time(), log))
             time.sleep(0.2)
-            for item in [r for r in running if r[1].poll() is not None]:
+            for item in [r for r in running if _reaped(r[0], r[1])]:
                 running.remove(item)
                 job, proc, start, log = item
                 log.close()
                 done += 1
+                job.seconds = time.time() - start
                 status = "done" if proc.returncode == 0 and job.finished else f"FAILED (exit {proc.returncode})"
-                value = _metric_value(job, sweep.metric)
-                shown = f" {sweep.metric}={value:.4f}" if value is not None else ""
-                print(f"[{done}/{len(jobs)}] {job.run_dir.name} {status}{shown} ({time.time() - start:.0f} s)"
-                      + ("" if status == "done" else f"; log: {logs / (job.run_dir.name + '.log')}"), flush=True)
+                metric = (job.sweep or sweep).metric
+                value = _metric_value(job, metric)
+                shown = f" {metric}={value:.4f}" if value is not None else ""
+                log_file = job.run_dir.parent / "logs" / f"{job.run_dir.name}.log"
+                print(f"[{done}/{len(jobs)}] {job.run_dir.name} {status}{shown} ({job.seconds:.0f} s)"
+                      + ("" if status == "done" else f"; log: {log_file}"), flush=True)
                 if status != "done":
                     failed.append(job)
     except KeyboardInterrupt:
@@ -133,6 +145,23 @@ def run_jobs(sweep: Sweep, jobs: list[Job], extra: list[str], parallel: int) -> 
             proc.wait()
         raise
     return failed
+
+
+def _reaped(job: Job, proc: subprocess.Popen) -> bool:
+    """Whether the run's process ended; where the OS reports it (wait4), the CPU time it used goes to the job."""
+    if not hasattr(os, "wait4"):
+        return proc.poll() is not None
+    if proc.returncode is not None:
+        return True
+    try:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    except ChildProcessError:  # reaped elsewhere
+        return proc.poll() is not None
+    if pid == 0:
+        return False
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    job.cpu_seconds = usage.ru_utime + usage.ru_stime
+    return True
 
 
 def test_counterpart(metric: Optional[str]) -> Optional[str]:
@@ -294,18 +323,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 1 if failed else 0
 
 
-def plan_points(sweep: Sweep, points: list[dict], out: Path, seeds: list, extra: list[str]) -> list[Job]:
-    """Every (point, seed) run, each checked by fl.config before anything runs."""
+def plan_points(sweep: Sweep, points: list[dict], out: Path, seeds: list, extra: list[str],
+                indices: Optional[list[int]] = None) -> list[Job]:
+    """Every (point, seed) run, each checked by fl.config before anything runs. `indices`: the points' places in the
+    sweep's whole expansion (a subset keeps the run names the whole sweep gives them); default their order here."""
     jobs = []
-    for i, point in enumerate(points):
+    for i, point in zip(indices or range(len(points)), points):
         pid = point_id(i, point)
         for seed in seeds:
-            argv = sweep.fixed_args + point_args(point) + ([f"seed={seed}"] if seed is not None else []) + extra
+            argv = sweep.point_argv(point) + ([f"seed={seed}"] if seed is not None else []) + extra
             try:
                 cfg = load_config(argv + ["logger.wandb.mode=disabled"])
             except ConfigError as err:
                 raise ConfigError(f"point {pid} ({' '.join(point_args(point))}): {err}") from None
-            jobs.append(Job(pid, point, seed, out / f"{pid}-s{cfg.seed}", comparable(OmegaConf.to_container(cfg))))
+            jobs.append(Job(pid, point, seed, out / f"{pid}-s{cfg.seed}", comparable(OmegaConf.to_container(cfg)),
+                            sweep=sweep, extra=list(extra)))
     return jobs
 
 

@@ -2,6 +2,12 @@
 
 The file is read with PyYAML, as `wandb sweep` reads it, so a file this module accepts means the same to
 W&B. Every mistake raises `ConfigError` with one line naming the bad field.
+
+Arms: a comparison gives each method its own settings (FedAvg-FT's finetune.after_round, FedAS's protocol keys)
+as a categorical parameter `arm` naming the arm, and one constant parameter `arms.<name>` per arm holding its
+overrides, e.g. `arms.fedavg_ft: {value: method.name=fedavg finetune.after_round=26}`. W&B crosses `arm` with the
+other parameters and seeds and passes every parameter to fl.train, which puts the chosen arm's overrides where
+`arm=` stood (fl/config/arms.py); offline, `Sweep.point_argv` does the same.
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from typing import Any, Optional
 
 import yaml
 
-from fl.config import ConfigError, load_config, search_spaces
+from fl.config import ARM, ARMS, ConfigError, arm_overrides, load_config, search_spaces
 from fl.core import registry
 from fl.core.seeding import derive_seed
 from fl.report.tables import DEFAULT_METRIC
@@ -43,9 +49,24 @@ class Sweep:
     metric: Optional[str]
     goal: str
     fixed_args: list[str]            # literal fl.train arguments of the command, e.g. conf=NAME
-    params: dict[str, dict]          # flattened parameter name -> spec (seed included if the file has it)
+    params: dict[str, dict]          # flattened parameter name -> spec (seed and arm included if the file has them)
     run_cap: Optional[int] = None
     notes: list[str] = field(default_factory=list)
+    arms: dict[str, list[str]] = field(default_factory=dict)  # arm name -> its overrides (the arms.<name> constants)
+
+    def point_argv(self, point: dict) -> list[str]:
+        """fl.train's arguments for a point: the command's own, then the point's parameters with `arm=NAME`
+        replaced by that arm's overrides (what fl.train makes of W&B's `arm=NAME arms.NAME=...`)."""
+        argv = list(self.fixed_args)
+        for key, value in point.items():
+            argv += self.arms[value] if key == ARM and self.arms else [f"{key}={format_value(value)}"]
+        return argv
+
+    def wandb_args(self, point: dict) -> list[str]:
+        """What W&B's agent passes for a point (`${args_no_hyphens}`): every parameter, the arms' definitions
+        included, after the command's own arguments."""
+        return [*self.fixed_args, *point_args(point),
+                *[f"{ARMS}{name}={' '.join(words)}" for name, words in self.arms.items()]]
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -77,6 +98,7 @@ def parse_sweep(doc: Any, default_name: str = "sweep") -> Sweep:
     if not isinstance(params, dict) or not params:
         raise ConfigError("parameters: expected a non-empty mapping of name -> {values|value|distribution...}")
     flat = _flatten(params, "parameters", "")
+    flat, arms = _arms(flat)
     for name, spec in flat.items():
         check_spec(name, spec)
         if method == "grid":
@@ -87,7 +109,41 @@ def parse_sweep(doc: Any, default_name: str = "sweep") -> Sweep:
     name = doc.get("name") or default_name
     if not isinstance(name, str) or not name.strip() or "/" in name:
         raise ConfigError(f"name: {name!r} must be a non-empty string without '/'")
-    return Sweep(name, method, requested, metric, goal, fixed, flat, run_cap, notes)
+    return Sweep(name, method, requested, metric, goal, fixed, flat, run_cap, notes, arms)
+
+
+def _arms(flat: dict[str, dict]) -> tuple[dict[str, dict], dict[str, list[str]]]:
+    """The parameters without the arms' definitions, and the arms (name -> overrides). An arm is defined by a
+    constant `arms.<name>: {value: "key=value ..."}`; `arm` lists the arms the sweep runs, each defined once, and no
+    arm sets a key the grid also sweeps (which one would win would depend on the argument order)."""
+    defined = {k[len(ARMS):]: spec for k, spec in flat.items() if k.startswith(ARMS)}
+    rest = {k: spec for k, spec in flat.items() if not k.startswith(ARMS)}
+    if not defined and ARM not in rest:
+        return rest, {}
+    if ARM not in rest:
+        raise ConfigError(f"parameters.{ARMS}{next(iter(defined))}: arms are defined but no parameter '{ARM}' "
+                          "names the ones to run (arm: {values: [...]})")
+    arms = {}
+    for name, spec in defined.items():
+        if set(spec) != {"value"} or not isinstance(spec["value"], str):
+            raise ConfigError(f"parameters.{ARMS}{name}: expected {{value: 'key=value ...'}} (the arm's overrides "
+                              "as one string)")
+        arms[name] = arm_overrides(name, spec["value"])
+    check_spec(ARM, rest[ARM])
+    listed = rest[ARM].get("values", [rest[ARM].get("value")])
+    missing = [a for a in listed if a not in arms]
+    if missing:
+        raise ConfigError(f"parameters.{ARM}: {missing[0]!r} has no definition parameters.{ARMS}{missing[0]} "
+                          f"(defined: {', '.join(sorted(arms)) or 'none'})")
+    unused = [a for a in arms if a not in listed]
+    if unused:
+        raise ConfigError(f"parameters.{ARMS}{unused[0]}: defined but not among parameters.{ARM}'s values")
+    for name, words in arms.items():
+        clash = next((w.split("=", 1)[0] for w in words if w.split("=", 1)[0] in rest), None)
+        if clash:
+            raise ConfigError(f"parameters.{ARMS}{name}: sets {clash}, which the sweep also varies; set it in the "
+                              "arms or in the grid, not both")
+    return rest, arms
 
 
 def _metric(metric: Any, required: bool) -> tuple[Optional[str], str]:

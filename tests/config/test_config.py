@@ -134,13 +134,18 @@ def test_sweep_files_name_real_keys():
     for path in Path(__file__).resolve().parents[2].glob("sweeps/*.yaml"):
         sweep = yaml.safe_load(path.read_text())
         params = dict(sweep["parameters"])
-        # the config: fixed in the command, or itself a parameter (a comparison over configs)
+        # the config: fixed in the command, itself a parameter (a comparison over configs), or each arm's own
         confs = params.pop("conf")["values"] if "conf" in params else [
-            next(a.split("=", 1)[1] for a in sweep["command"] if str(a).startswith("conf="))]
+            next((a.split("=", 1)[1] for a in sweep["command"] if str(a).startswith("conf=")), None)]
+        arms = {k.split(".", 1)[1]: params.pop(k)["value"] for k in list(params) if k.startswith("arms.")}
         for conf in confs:
             for key, spec in params.items():
+                if key == "arm":  # every arm, with its own overrides (fl/config/arms.py)
+                    for arm in spec["values"]:
+                        load_config([*([f"conf={conf}"] if conf else []), f"arm={arm}", f"arms.{arm}={arms[arm]}"])
+                    continue
                 value = spec["values"][0] if "values" in spec else spec["min"]
-                load_config([f"conf={conf}", f"{key}={value}"])
+                load_config([*([f"conf={conf}"] if conf else []), f"{key}={value}"])
 
 
 def test_missing_real_data_names_the_synthetic_twin(out, capsys):

@@ -21,6 +21,7 @@ ALLOWED = {
     "methods": {"core", "config", "metrics"},
     "report": set(),
     "sweep": {"core", "config", "report"},
+    "reproduce": {"config", "sweep", "report"},  # fl.reproduce: the papers' tables through fl.sweep and fl.report
     "run": {"core", "config", "data", "report"},
     "train": {"run"},  # fl/train.py and fl/__main__.py: the entry point
 }

@@ -231,17 +231,18 @@ def test_every_shipped_sweep_file_is_valid(path):
     a config fl.train accepts: the conf exists, the method is known, each parameter is a valid key."""
     sweep = load_sweep(path)
     assert sweep.metric, f"{path.name}: a sweep needs a metric to pick the best point"
-    assert any(a.startswith("conf=") for a in sweep.fixed_args) or "conf" in sweep.params, (
-        f"{path.name}: neither the command nor the parameters name a conf")
+    arms_name_conf = bool(sweep.arms) and all(any(w.startswith("conf=") for w in ws) for ws in sweep.arms.values())
+    assert any(a.startswith("conf=") for a in sweep.fixed_args) or "conf" in sweep.params or arms_name_conf, (
+        f"{path.name}: neither the command nor the parameters (nor every arm) name a conf")
     seeds = grid_values("seed", sweep.params["seed"]) if "seed" in sweep.params else [None]
     points = expand(sweep, count=5)
     assert points
     for point in points:
         for seed in seeds:
-            argv = sweep.fixed_args + point_args(point) + ([f"seed={seed}"] if seed is not None else [])
+            argv = sweep.point_argv(point) + ([f"seed={seed}"] if seed is not None else [])
             cfg = load_config(argv)
             for key, value in point.items():  # the value arrives typed, as the file meant it
-                if key == "conf":  # the config file itself, not a key of it
+                if key in ("conf", "arm"):  # the config file itself, an arm's name: not keys of the config
                     continue
                 got = cfg
                 for part in key.split("."):
@@ -251,3 +252,24 @@ def test_every_shipped_sweep_file_is_valid(path):
                 assert got == value or (isinstance(value, float) and math.isclose(got, value)), (key, got, value)
     if sweep.method == "grid":
         assert len({json.dumps(p, sort_keys=True) for p in points}) == len(points)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_reaped_run_carries_its_exit_code_and_the_cpu_time_it_used(code, tmp_path):
+    """The runner reaps each run with wait4: the exit code as Popen's, and the CPU time its process used (the
+    projection basis of fl.reproduce --dry-run), which a run that burns 0.3 s of CPU cannot report as less."""
+    import subprocess
+    import sys
+    import time
+
+    from fl.sweep.runner import _reaped
+    burn = f"import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nsys.exit({code})"
+    proc = subprocess.Popen([sys.executable, "-c", burn])
+    job = Job("p000", {}, 0, tmp_path / "run")
+    deadline = time.time() + 60
+    while not _reaped(job, proc):
+        assert time.time() < deadline
+        time.sleep(0.05)
+    assert proc.returncode == code and proc.poll() == code
+    assert 0.3 <= job.cpu_seconds < 30

@@ -1,0 +1,5 @@
+import sys
+
+from fl.reproduce.cli import main
+
+sys.exit(main())

@@ -1,0 +1,60 @@
+"""Ours beside the paper's, per table and column: each row's paper number and rank, our mean ± std over seeds and
+rank, and Spearman's rho between the two columns of means."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fl.reproduce.cells import Cell, CellKey
+from fl.reproduce.claims import spearman_rho
+from fl.reproduce.spec import Column, Table
+
+
+@dataclass
+class Line:
+    method: str
+    paper: Optional[tuple[float, Optional[float]]]
+    paper_rank: Optional[int]
+    ours: Optional[Cell]
+    our_rank: Optional[int]
+    why_not: str = ""          # why ours is missing: not run at this scale (and why), or no finished run
+
+
+@dataclass
+class ColumnView:
+    table: Table
+    column: Column
+    lines: list[Line] = field(default_factory=list)
+    rho: Optional[float] = None
+    rho_rows: int = 0
+
+    @property
+    def digits(self) -> int:
+        return self.table.digits
+
+
+def ranks(values: dict[str, float], lower_is_better: bool) -> dict[str, int]:
+    """1 = best; equal values share the better rank."""
+    sign = 1.0 if lower_is_better else -1.0
+    return {m: 1 + sum(sign * (o - v) < 0 for o in values.values()) for m, v in values.items()}
+
+
+def column_view(table: Table, column: Column, results: dict[CellKey, Cell], not_run: dict[CellKey, str]
+                ) -> ColumnView:
+    view = ColumnView(table, column)
+    paper = {r.method: r.paper[column.paper_column] for r in table.rows if column.paper_column in r.paper}
+    ours = {r.method: results[CellKey(table.id, column.id, r.method)] for r in table.rows
+            if CellKey(table.id, column.id, r.method) in results}
+    paper_ranks = ranks({m: v[0] for m, v in paper.items()}, table.lower_is_better)
+    our_ranks = ranks({m: c.mean for m, c in ours.items() if c.n}, table.lower_is_better)
+    for r in table.rows:
+        key = CellKey(table.id, column.id, r.method)
+        cell = ours.get(r.method)
+        why = not_run.get(key, "") if cell is None else ("" if cell.n else "no finished run: see the notes")
+        view.lines.append(Line(r.method, paper.get(r.method), paper_ranks.get(r.method), cell,
+                               our_ranks.get(r.method), why))
+    both = [m for m in paper if m in our_ranks]
+    if len(both) >= 3:
+        view.rho = spearman_rho([ours[m].mean for m in both], [paper[m][0] for m in both])
+        view.rho_rows = len(both)
+    return view

@@ -1,0 +1,171 @@
+"""The reproduction as Markdown (also what the command prints, without the images) and as one self-contained HTML
+page with fl.report's plots embedded."""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from fl.report.html import STYLE, image_tag
+from fl.reproduce.claims import FAILS, HOLDS, ClaimResult
+from fl.reproduce.compare import ColumnView
+from fl.reproduce.spec import Paper
+
+STAT_WORDS = {"final": "its last evaluation", "last": "the mean over its last K evaluations",
+              "best_val": "at its round of best {select}"}
+BADGE = {HOLDS: "HOLDS", FAILS: "FAILS"}
+
+
+@dataclass
+class Report:
+    paper: Paper
+    scale: str
+    seeds: list[int]
+    views: list[ColumnView]
+    claims: list[ClaimResult]
+    left: list[str]                        # what is not run at this scale, one line each
+    notes: list[str] = field(default_factory=list)   # runs that failed, were skipped or unreadable
+    figures: dict[str, list[tuple[str, Path]]] = field(default_factory=dict)   # table id -> fl.report's plots
+
+
+def pair(mean: Optional[float], std: Optional[float], digits: int) -> str:
+    if mean is None:
+        return "—"
+    return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
+
+
+def _ours(line, digits: int) -> str:
+    if line.ours is None or not line.ours.n:
+        return f"— ({line.why_not})" if line.why_not else "—"
+    c = line.ours
+    return f"{pair(c.mean, c.std, digits)}{c.mark} (n={c.n})"
+
+
+def _how(view: ColumnView) -> str:
+    t = view.table
+    stat = STAT_WORDS[t.stat].format(select=t.select)
+    variants = (f"; where a row has several variants, each seed takes the one with the best {t.select}"
+                if t.select else "")
+    return (f"Ours: `{t.metric}` of each run at {stat}{variants}; mean ± sample std over seeds. The paper's std: "
+            f"{t.paper_std or 'as printed'}. Rank 1 = best ({'lower' if t.lower_is_better else 'higher'} is better).")
+
+
+def _table_md(view: ColumnView) -> list[str]:
+    d = view.digits
+    lines = ["| method | paper | paper rank | ours | our rank |", "|---|---|---|---|---|"]
+    for ln in view.lines:
+        paper = pair(*ln.paper, d) if ln.paper else "—"
+        lines.append(f"| {ln.method} | {paper} | {ln.paper_rank or '—'} | {_ours(ln, d)} | {ln.our_rank or '—'} |")
+    rho = (f"Spearman's rho, ours against the paper's means: {view.rho:.2f} over {view.rho_rows} rows."
+           if view.rho is not None else "Spearman's rho: fewer than 3 rows with both numbers.")
+    notes = [f"- {ln.method}: {n}" for ln in view.lines if ln.ours for n in ln.ours.notes]
+    return lines + ["", rho] + ([""] + notes if notes else [])
+
+
+def _claim_md(result: ClaimResult) -> list[str]:
+    c = result.claim
+    verdict = result.verdict or "NOT CHECKED"
+    out = [f"- **{verdict}** `{c.id}`: {c.text} ({c.source})"]
+    out += [f"  - {ch.label + ': ' if ch.label else ''}{ch.verdict}: {ch.detail}" for ch in result.checks if ch.verdict]
+    skipped = [ch.label or ch.detail for ch in result.checks if not ch.verdict]
+    if skipped and result.verdict:
+        out.append(f"  - not run at this scale: {', '.join(skipped)}")
+    if result.note:
+        out.append(f"  - {'known, measured earlier: ' if c.twin_note and result.note == c.twin_note else ''}"
+                   f"{result.note}")
+    return out
+
+
+def markdown(report: Report, images: bool = True) -> str:
+    p = report.paper
+    out = [f"# {p.title} ({p.id}): reproduction at --scale {report.scale}", "",
+           f"Paper: {p.source}. Seeds: {', '.join(map(str, report.seeds))}. Runs: fl.sweep's, under "
+           f"`runs/` beside this file. UNRESOLVED: the seed spreads (mean ± std) overlap, or a cell has one seed; "
+           f"the rules are in fl/reproduce/claims.py.", ""]
+    for table in p.tables:
+        views = [v for v in report.views if v.table is table]
+        if not views:
+            continue
+        out += [f"## {table.id}: {table.caption}", "", f"{table.source}. {_how(views[0])}", ""]
+        for view in views:
+            label = view.column.label + ("" if view.column.paper_column == view.column.id
+                                         else f" (compared with the paper's {view.column.paper_column})")
+            out += [f"### {label}", "", *_table_md(view), ""]
+        if images:
+            out += [f"![{name}](plots/{table.id}/{path.name})" for name, path in report.figures.get(table.id, [])]
+            out += [""] if report.figures.get(table.id) else []
+    checked = [r for r in report.claims if r.verdict]
+    unchecked = [r for r in report.claims if not r.verdict]
+    out += ["## Claims", ""]
+    for verdict in (FAILS, "UNRESOLVED", HOLDS):
+        for r in checked:
+            if r.verdict == verdict:
+                out += _claim_md(r)
+    if unchecked:
+        out += ["", "Not checked at this scale:", ""]
+        out += [f"- `{r.claim.id}`: {r.claim.text} ({r.note})" for r in unchecked]
+    if report.left:
+        out += ["", f"## Left out at --scale {report.scale}", "", *[f"- {x}" for x in report.left]]
+    if report.notes:
+        out += ["", "## Notes", "", *[f"- {n}" for n in report.notes]]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def summary_lines(report: Report) -> list[str]:
+    counts = {v: sum(r.verdict == v for r in report.claims) for v in (HOLDS, FAILS, "UNRESOLVED", None)}
+    return [f"{report.paper.id} at --scale {report.scale}: {counts[HOLDS]} claims hold, {counts[FAILS]} fail, "
+            f"{counts['UNRESOLVED']} unresolved, {counts[None]} not checked at this scale"]
+
+
+# ---- HTML --------------------------------------------------------------------------------------------------
+def _esc(text: str) -> str:
+    return html.escape(text).replace("**", "")
+
+
+def html_page(report: Report) -> str:
+    p = report.paper
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_esc(p.id)}: reproduction</title>",
+           f"<style>{STYLE}\n.HOLDS{{color:#186a1e}}.FAILS{{color:#b00020}}.UNRESOLVED{{color:#8a6100}}</style>",
+           f"</head><body><h1>{_esc(p.title)} ({_esc(p.id)}): reproduction at --scale {report.scale}</h1>",
+           f"<p>Paper: {_esc(p.source)}. Seeds: {', '.join(map(str, report.seeds))}. UNRESOLVED: the seed spreads "
+           "(mean ± std) overlap, or a cell has one seed (fl/reproduce/claims.py).</p>"]
+    for table in p.tables:
+        views = [v for v in report.views if v.table is table]
+        if not views:
+            continue
+        out += [f"<h2>{_esc(table.id)}: {_esc(table.caption)}</h2>",
+                f"<p>{_esc(table.source)}. {_esc(_how(views[0]).replace('`', ''))}</p>"]
+        for view in views:
+            d = view.digits
+            out.append(f"<h3>{_esc(view.column.label)}</h3><div class='scroll'><table><tr><th>method</th>"
+                       "<th>paper</th><th>paper rank</th><th>ours</th><th>our rank</th></tr>")
+            for ln in view.lines:
+                cells = [ln.method, pair(*ln.paper, d) if ln.paper else "—", str(ln.paper_rank or "—"),
+                         _ours(ln, d), str(ln.our_rank or "—")]
+                out.append("<tr>" + "".join(f"<td class='{'l' if i in (0, 3) else ''}'>{_esc(c)}</td>"
+                                            for i, c in enumerate(cells)) + "</tr>")
+            out.append("</table></div>")
+            rho = f"Spearman's rho {view.rho:.2f} over {view.rho_rows} rows" if view.rho is not None else \
+                "Spearman's rho: fewer than 3 rows with both numbers"
+            notes = [f"{ln.method}: {n}" for ln in view.lines if ln.ours for n in ln.ours.notes]
+            out.append(f"<p class='foot'>{_esc(rho)}</p>" + "".join(f"<p class='foot'>{_esc(n)}</p>" for n in notes))
+        figures = report.figures.get(table.id, [])
+        out += [f"<figure>{image_tag(path, name)}<figcaption>{_esc(name)}</figcaption></figure>"
+                for name, path in figures]
+    out.append("<h2>Claims</h2><ul>")
+    for r in sorted(report.claims, key=lambda r: [FAILS, "UNRESOLVED", HOLDS, None].index(r.verdict)):
+        verdict = r.verdict or "NOT CHECKED"
+        checks = "".join(f"<li>{_esc(ch.label + ': ' if ch.label else '')}<span class='{ch.verdict}'>"
+                         f"{ch.verdict}</span>: {_esc(ch.detail)}</li>" for ch in r.checks if ch.verdict)
+        skipped = [ch.label or ch.detail for ch in r.checks if not ch.verdict]
+        checks += f"<li>not run at this scale: {_esc(', '.join(skipped))}</li>" if skipped and r.verdict else ""
+        note = f"<li>{_esc(r.note)}</li>" if r.note else ""
+        out.append(f"<li><b class='{r.verdict}'>{verdict}</b> <code>{_esc(r.claim.id)}</code>: "
+                   f"{_esc(r.claim.text)} ({_esc(r.claim.source)})<ul>{checks}{note}</ul></li>")
+    out.append("</ul>")
+    for title, items in ((f"Left out at --scale {report.scale}", report.left), ("Notes", report.notes)):
+        if items:
+            out.append(f"<h2>{_esc(title)}</h2><ul>" + "".join(f"<li>{_esc(x)}</li>" for x in items) + "</ul>")
+    out.append("</body></html>")
+    return "\n".join(out)

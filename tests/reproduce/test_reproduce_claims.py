@@ -1,0 +1,145 @@
+"""fl.reproduce's claim rules on hand-made cells: each rule HOLDS, FAILS and is UNRESOLVED exactly where its definition
+(fl/reproduce/claims.py) says, and a claim over several columns combines its checks."""
+from pathlib import Path
+
+import pytest
+
+from fl.report.runs import Run
+from fl.reproduce.cells import Cell, CellKey, make_cell
+from fl.reproduce.claims import FAILS, HOLDS, UNRESOLVED, better, evaluate, rank, spearman, spearman_rho, within
+from fl.reproduce.spec import ReproduceError, parse_paper
+
+
+def cell(*values) -> Cell:
+    """A cell of one value per seed (0, 1, ...), in the paper's units."""
+    return make_cell([Run(f"r{i}", f"/r{i}", {"seed": i, "method.name": "m"}, {"final": {"acc": v}})
+                      for i, v in enumerate(values)], "acc", "final", None, 1.0)
+
+
+def paper_doc(**claim) -> dict:
+    columns = [{"id": c, "real": None, "twin": None} for c in ("c1", "c2")]
+    rows = [{"method": m, "arm": m.lower(), "paper": {"c1": [v, 0.1], "c2": [v, 0.1]}}
+            for m, v in (("A", 90.0), ("B", 80.0), ("C", 70.0), ("D", 60.0))]
+    table = {"id": "t", "caption": "c", "source": "s", "metric": "acc", "columns": columns, "rows": rows}
+    loss = {**table, "id": "loss", "lower_is_better": True}
+    return {"paper": "p", "title": "P", "source": "s", "tables": [table, loss],
+            "claims": [{"id": "x", "text": "x", "source": "s", **claim}] if claim else []}
+
+
+def table(lower=False):
+    return parse_paper(paper_doc(), Path("p.yaml")).table("loss" if lower else "t")
+
+
+def test_cells_are_mean_and_sample_std_over_seeds():
+    c = cell(0.80, 0.84, 0.88)
+    assert (c.mean, c.n) == (pytest.approx(0.84), 3) and c.std == pytest.approx(0.04)
+    assert cell(0.5).std is None
+
+
+@pytest.mark.parametrize("a, b, margin, verdict", [
+    ((10, 12, 14), (5, 6, 7), 0, HOLDS),          # 12 ± 2 against 6 ± 1: [10, 14] lies above [5, 7]
+    ((5, 6, 7), (10, 12, 14), 0, FAILS),          # below
+    ((10, 12, 14), (9, 10, 11), 0, UNRESOLVED),   # [10, 14] and [9, 11] overlap
+    ((10, 12, 14), (5, 6, 7), 2.9, HOLDS),        # nearest ends 3 apart: clears a margin of 2.9
+    ((10, 12, 14), (5, 6, 7), 3.0, UNRESOLVED),   # ... not 3: the gap 6 ± 3 straddles it
+    ((10, 12, 14), (5, 6, 7), 9.0, FAILS),        # even the farthest ends (9 apart) fall short of 9
+    ((1, 1, 1), (1, 1, 1), 0, FAILS),             # equal points: A is not better
+])
+def test_better_compares_mean_plus_minus_std_intervals(a, b, margin, verdict):
+    assert better(cell(*a), cell(*b), table(), margin)[0] == verdict
+
+
+def test_better_reads_lower_as_better_on_a_loss_table_and_needs_two_seeds():
+    assert better(cell(0.2, 0.2), cell(0.5, 0.5), table(lower=True))[0] == HOLDS
+    assert better(cell(0.2, 0.2), cell(0.5, 0.5), table())[0] == FAILS
+    verdict, text = better(cell(0.9), cell(0.1, 0.1), table())
+    assert verdict == UNRESOLVED and "1 seed: no spread" in text
+
+
+def test_rank_holds_fails_or_is_unresolved_by_the_spreads():
+    t = table()
+    apart = {"A": cell(9, 10, 11), "B": cell(5, 6, 7), "C": cell(1, 2, 3)}
+    assert rank("A", apart, t, 1)[0] == HOLDS
+    assert rank("B", apart, t, 1)[0] == FAILS          # A is certainly above it
+    assert rank("B", apart, t, 2)[0] == HOLDS
+    close = {"A": cell(9, 10, 11), "B": cell(8, 9.5, 11), "C": cell(1, 2, 3)}
+    verdict, text = rank("A", close, t, 1)
+    assert verdict == UNRESOLVED and "ranks 1 of 3 by mean; by the seed spreads 1 to 2" in text and "B" in text
+
+
+def test_spearman_rho_and_its_verdict_per_seed():
+    assert spearman_rho([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman_rho([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    assert spearman_rho([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254)   # ties share their mean rank
+    paper = {"A": 90.0, "B": 80.0, "C": 70.0, "D": 60.0}
+    same = {m: cell(v, v + 1) for m, v in paper.items()}
+    assert spearman(same, paper, 0.8)[0] == HOLDS
+    reversed_ = {m: cell(-v, -v + 1) for m, v in paper.items()}
+    assert spearman(reversed_, paper, 0.8)[0] == FAILS
+    # the means agree with the paper, seed 1's ranking does not: the seeds disagree
+    mixed = {"A": cell(90, 50), "B": cell(80, 81), "C": cell(70, 71), "D": cell(60, 61)}
+    verdict, text = spearman(mixed, paper, 0.8)
+    assert verdict == UNRESOLVED and "the seeds disagree" in text
+    assert spearman({m: cell(v) for m, v in paper.items()}, paper, 0.8)[0] == UNRESOLVED  # one seed
+
+
+def test_within_the_papers_number():
+    assert within(cell(63, 64, 65), 63.85, 2.0)[0] == HOLDS
+    assert within(cell(50, 51, 52), 63.85, 2.0)[0] == FAILS
+    assert within(cell(60, 62, 64), 63.85, 2.0)[0] == UNRESOLVED
+
+
+def paper_with(**claim):
+    return parse_paper(paper_doc(**claim), Path("p.yaml"))
+
+
+def test_a_claim_over_columns_fails_when_one_column_fails_and_skips_columns_not_run():
+    p = paper_with(rule="better", table="t", a="A", b="B", columns=["c1", "c2"])
+    k = lambda c, r: CellKey("t", c, r)  # noqa: E731
+    results = {k("c1", "A"): cell(9, 10, 11), k("c1", "B"): cell(1, 2, 3),
+               k("c2", "A"): cell(1, 2, 3), k("c2", "B"): cell(9, 10, 11)}
+    r = evaluate(p, p.claims[0], results, "twin")
+    assert r.verdict == FAILS and [c.verdict for c in r.checks] == [HOLDS, FAILS]
+    only_c1 = {key: v for key, v in results.items() if key.column == "c1"}
+    r = evaluate(p, p.claims[0], only_c1, "twin")
+    assert r.verdict == HOLDS and r.checks[1].verdict is None and r.checks[1].detail == "t/c2/A, t/c2/B"
+    assert evaluate(p, p.claims[0], {}, "twin").verdict is None
+
+
+def test_a_spearman_claim_is_judged_from_its_columns_cells_and_skips_a_column_not_run():
+    """A spearman claim names a column, no row: its check reads every row's cell of that column."""
+    p = paper_with(rule="spearman", table="t", min_rho=0.8, columns=["c1", "c2"])
+    k = lambda r: CellKey("t", "c1", r)  # noqa: E731
+    agreeing = {k("A"): cell(9, 10), k("B"): cell(7, 8), k("C"): cell(5, 6), k("D"): cell(3, 4)}
+    r = evaluate(p, p.claims[0], agreeing, "twin")
+    assert r.verdict == HOLDS and r.checks[0].detail.startswith("rho = 1.00 over 4 rows")
+    assert r.checks[1].verdict is None and r.checks[1].detail == "t/c2"
+    reversed_ = {k("A"): cell(3, 4), k("B"): cell(5, 6), k("C"): cell(7, 8), k("D"): cell(9, 10)}
+    assert evaluate(p, p.claims[0], reversed_, "twin").verdict == FAILS
+    one_seed = {key: cell(c.mean) for key, c in agreeing.items()}
+    assert evaluate(p, p.claims[0], one_seed, "twin").verdict == UNRESOLVED
+
+
+def test_a_twin_note_is_shown_beside_a_twin_verdict_that_does_not_hold_and_scales_are_respected():
+    p = paper_with(rule="better", table="t", a="A", b="B", column="c1", twin_note="measured: the twin is mild")
+    k = lambda r: CellKey("t", "c1", r)  # noqa: E731
+    failing = {k("A"): cell(1, 2, 3), k("B"): cell(9, 10, 11)}
+    assert evaluate(p, p.claims[0], failing, "twin").note == "measured: the twin is mild"
+    assert evaluate(p, p.claims[0], failing, "paper").note == ""
+    q = paper_with(rule="within", table="t", row="A", column="c1", tolerance=1.0, scales=["paper"])
+    r = evaluate(q, q.claims[0], {k("A"): cell(89, 90, 91)}, "twin")
+    assert r.verdict is None and "--scale paper only" in r.note
+
+
+@pytest.mark.parametrize("claim, message", [
+    ({"rule": "bigger", "table": "t", "a": "A", "b": "B", "column": "c1"}, "rule: 'bigger' is not valid"),
+    ({"rule": "better", "table": "t", "a": "A", "column": "c1"}, "b is missing"),
+    ({"rule": "better", "table": "t", "a": "Z", "b": "B", "column": "c1"}, "row 'Z' is not a row of t"),
+    ({"rule": "rank", "table": "t", "row": "A", "rank": 1, "column": "c9"}, "column 'c9' is not a column of t"),
+    ({"rule": "spearman", "table": "nope", "min_rho": 0.5, "column": "c1"}, "table 'nope' is not one of"),
+    ({"rule": "better", "table": "t", "a": "A", "b": {"table": "loss", "row": "B"}, "column": "c1"},
+     "a and b must be cells of one table"),
+])
+def test_malformed_claims_name_the_field(claim, message):
+    with pytest.raises(ReproduceError, match=message):
+        paper_with(**claim)

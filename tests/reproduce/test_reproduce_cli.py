@@ -1,0 +1,153 @@
+"""`python -m fl.reproduce`: bad input is one line and exit 2; --dry-run lists every paper's runs; the side-by-side
+table and the claims' verdicts of a tiny sweep whose runs are on disk; and (slow) one tiny reproduction end to end,
+run, then reused."""
+import json
+from datetime import datetime, timezone
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from fl.config import load_config
+from fl.reproduce.cli import main
+from fl.reproduce.spec import available_papers, load_paper
+from tests.helpers import TINY, run_cli
+
+SWEEP = {"name": "tiny_compare", "program": "fl.train", "method": "grid",
+         "command": ["${env}", "python", "-m", "fl.train", "conf=quickstart", "${args_no_hyphens}"],
+         "metric": {"name": "test/acc_mean_clients", "goal": "maximize"},
+         "parameters": {"arm": {"values": ["fedavg", "fedprox"]}, "arms.fedavg": {"value": "method.name=fedavg"},
+                        "arms.fedprox": {"value": "method.name=fedprox method.mu=0.1"}}}
+
+
+def tiny_paper(tmp_path) -> str:
+    """A paper file with one table over a tiny two-arm sweep on the quickstart data, and three claims."""
+    sweep = tmp_path / "tiny_compare.yaml"
+    sweep.write_text(yaml.safe_dump(SWEEP))
+    ref = [{"sweep": str(sweep)}]
+    doc = {"paper": "tiny", "title": "A tiny paper", "source": "tests",
+           "tables": [{"id": "t1", "caption": "accuracy", "source": "Table 1", "metric": "test/acc_mean_clients",
+                       "unit": "percent", "columns": [{"id": "quick", "label": "Quickstart", "real": ref, "twin": ref}],
+                       "rows": [{"method": "FedAvg", "arm": "fedavg", "paper": {"quick": [60.0, 1.0]}},
+                                {"method": "FedProx", "arm": "fedprox", "paper": {"quick": [70.0, 2.0]}}]}],
+           "claims": [{"id": "prox_above", "text": "FedProx beats FedAvg", "source": "Table 1", "rule": "better",
+                       "table": "t1", "column": "quick", "a": "FedProx", "b": "FedAvg"},
+                      {"id": "prox_first", "text": "FedProx is first", "source": "Table 1", "rule": "rank",
+                       "table": "t1", "column": "quick", "row": "FedProx", "rank": 1},
+                      {"id": "near", "text": "FedProx near the paper", "source": "Table 1", "rule": "within",
+                       "table": "t1", "column": "quick", "row": "FedProx", "tolerance": 1.0, "scales": ["paper"]}]}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["nopaper"], "paper 'nopaper' is not known; choices: fedacd, feddrm"),
+    (["fedpals", "--table", "table9"], "--table 'table9' is not a table of fedpals; choices: table1, table2, table3"),
+    (["fedpals", "--scale", "big"], "--scale 'big' is not valid; choices: twin, paper"),
+    (["fedpals", "--seeds", "0"], "--seeds and --parallel must be >= 1"),
+    (["fedpals", "--all"], "give a paper"),
+    (["--all", "--table", "table1"], "--table names a table of one paper"),
+    (["fedpals", "--sedes", "3"], "unrecognized arguments: --sedes"),
+    (["fedpals", "trainer.roundz=3", "--dry-run"], "unknown key 'trainer.roundz'"),
+    ([], "give a paper"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err, err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("name", available_papers())
+def test_dry_run_lists_every_papers_runs_with_their_projected_time(name, capsys, tmp_path):
+    assert main([name, "--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{name} at --scale twin:" in out and "runs to go:" in out
+    assert "not run:" in out  # the cells left to --scale paper are named, with why
+    assert not any(tmp_path.iterdir())
+
+
+def test_twin_dry_run_projects_measured_cpu_times_and_counts_unmeasured_runs_apart(monkeypatch, capsys, tmp_path):
+    """A run whose point has a measured time is projected from it; one without is named "not measured" and never
+    taken as 0 s in the total."""
+    import fl.reproduce.timing as timing
+    from fl.reproduce.cli import make_plan, parse_args
+    argv = ["fedmosaic", "--table", "table4", "--seeds", "3", "--parallel", "2", "--out", str(tmp_path / "o")]
+    plan = make_plan(load_paper("fedmosaic"), parse_args(argv))
+    group = next(iter(plan.groups.values()))
+    measured = next(iter(group.jobs.values())).point_id
+    (tmp_path / "t.json").write_text(json.dumps({"measured": "by hand", "seconds": {f"{group.key}/{measured}": 80}}))
+    monkeypatch.setattr(timing, "TWIN_SECONDS", tmp_path / "t.json")
+    assert main([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    runs = len(plan.jobs)
+    assert f"{measured}-s{{0,1,2}}: 3 to run; 80 s each (measured CPU time)" in out
+    assert (f"{runs} runs to go: 3 with a figure, 4 min of run time, about 2 min at --parallel 2; {runs - 3} more "
+            "without one (not counted); per-run times by hand") in out
+    monkeypatch.setattr(timing, "TWIN_SECONDS", tmp_path / "none.json")
+    assert main([*argv, "--dry-run"]) == 0
+    assert f"{runs} runs to go: no projection, none of them has a measured figure" in capsys.readouterr().out
+
+
+def test_dry_run_at_paper_scale_projects_from_the_paper_scale_rehearsal(capsys, tmp_path):
+    assert main(["fedpals", "--table", "table1", "--scale", "paper", "--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "projected 23 min (150 rounds) on the 2-core CPU each" in out  # fedpals_cifar10_c2's row in bench/README.md
+
+
+def fake_finished_runs(tmp_path, paper_file: str, values: dict[str, list[float]]) -> None:
+    """Each run of the plan as a finished run directory (config.yaml as fl.train writes it, summary.json), with
+    test/acc_mean_clients = values[arm][seed]."""
+    from fl.reproduce.cli import make_plan, parse_args
+    plan = make_plan(load_paper(paper_file), parse_args([paper_file, "--seeds", "3", "--out", str(tmp_path / "o")]))
+    for job in plan.jobs:
+        job.run_dir.mkdir(parents=True)
+        OmegaConf.save(load_config(job.sweep.point_argv(job.point) + [f"seed={job.seed}", *job.extra]),
+                       job.run_dir / "config.yaml")
+        value = values[job.point["arm"]][job.seed]
+        (job.run_dir / "summary.json").write_text(json.dumps({
+            "final": {"test/acc_mean_clients": value}, "best": {}, "last_k": 1,
+            "mean_last_1": {"test/acc_mean_clients": value}, "method": job.point["arm"],
+            "finished_at": datetime.now(timezone.utc).isoformat()}))
+
+
+def test_side_by_side_table_and_verdicts_from_a_tiny_sweeps_runs(tmp_path, capsys):
+    paper = tiny_paper(tmp_path)
+    fake_finished_runs(tmp_path, paper, {"fedavg": [0.50, 0.52, 0.54], "fedprox": [0.60, 0.61, 0.62]})
+    assert main([paper, "--seeds", "3", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "reusing 6 of 6 runs" in out
+    assert "| FedAvg | 60.0 ± 1.0 | 2 | 52.0 ± 2.0 (n=3) | 2 |" in out
+    assert "| FedProx | 70.0 ± 2.0 | 1 | 61.0 ± 1.0 (n=3) | 1 |" in out
+    assert "**HOLDS** `prox_above`" in out and "**HOLDS** `prox_first`" in out
+    assert "`near`: FedProx near the paper (checked at --scale paper only)" in out
+    assert "tiny at --scale twin: 2 claims hold, 0 fail, 0 unresolved, 1 not checked at this scale" in out
+    written = tmp_path / "o" / "tiny" / "twin"
+    cells = json.loads((written / "reproduce.json").read_text())["cells"]
+    assert {(c["row"], round(c["mean"], 6), c["n"]) for c in cells} == {("FedAvg", 52.0, 3), ("FedProx", 61.0, 3)}
+    assert "<table>" in (written / "reproduce.html").read_text()
+
+
+def test_overlapping_seeds_are_unresolved_and_a_failing_claim_is_printed(tmp_path, capsys):
+    paper = tiny_paper(tmp_path)
+    fake_finished_runs(tmp_path, paper, {"fedavg": [0.50, 0.56, 0.62], "fedprox": [0.55, 0.57, 0.59]})
+    assert main([paper, "--seeds", "3", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "**UNRESOLVED** `prox_above`" in out and "intervals overlap" in out
+
+
+@pytest.mark.slow
+def test_a_tiny_reproduction_end_to_end_runs_then_reuses_its_runs(tmp_path):
+    paper = tiny_paper(tmp_path)
+    args = [paper, "--table", "t1", "--seeds", "1", "--parallel", "2", "--out", str(tmp_path / "o"), *TINY,
+            f"data.root={tmp_path / 'data'}"]
+    res = run_cli(args, cwd=tmp_path, script=("-m", "fl.reproduce"))
+    assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-2000:]
+    assert "| FedAvg | 60.0 ± 1.0 | 2 |" in res.stdout
+    assert "**UNRESOLVED** `prox_above`" in res.stdout and "1 seed: no spread to compare" in res.stdout
+    runs = sorted((tmp_path / "o" / "tiny" / "twin" / "runs" / "tiny_compare").glob("*/summary.json"))
+    assert len(runs) == 2
+    again = run_cli(args, cwd=tmp_path, script=("-m", "fl.reproduce"))
+    assert again.returncode == 0 and "reusing 2 of 2 runs" in again.stdout
+    assert res.stdout.split("## Claims")[1] == again.stdout.split("## Claims")[1]
