@@ -107,9 +107,11 @@ def test_fedsam_ft_is_fedsam_then_the_fine_tuning_rounds(out):
 @pytest.mark.parametrize("sweep", ["feddrm_ft_baselines_synthetic", "feddrm_ft_baselines_real"])
 def test_feddrm_ft_sweeps_run_fedsam_ft_with_its_default_rho(sweep):
     spec = yaml.safe_load((ROOT / "sweeps" / f"{sweep}.yaml").read_text())
-    assert "fedsam" in spec["parameters"]["method.name"]["values"]
+    params = spec["parameters"]
+    arm = next(a for a in params["arm"]["values"] if "method.name=fedsam" in params[f"arms.{a}"]["value"].split())
     fixed = [a for a in spec["command"] if "=" in str(a)]
-    cfg = load_config([*fixed, "method.name=fedsam"])
+    cfg = load_config([*fixed, f"arm={arm}", f"arms.{arm}={params[f'arms.{arm}']['value']}"])  # as W&B's agent does
+    assert cfg.method.name == "fedsam"
     assert cfg.method.rho == 0.05 and cfg.finetune.after_round is not None
     assert cfg.finetune.after_round < cfg.trainer.rounds
 
