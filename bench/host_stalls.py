@@ -96,29 +96,28 @@ def routing_after(route, sizes):
     return [routed(c, j) for j in range(len(sizes)) for c in range(len(sizes))]
 
 
-def beta_before(z, y, glob, lp, dims, tol=1e-7):
-    """The host-driven grid and golden-section search over the same objective J."""
-    J = cv_objective(cv_parts(z, y, glob, 2, "paper", torch.Generator().manual_seed(0)), glob, lp, 1e-4)
+def host_golden_section(f, lo, hi, tol):
+    """The golden-section search as pFedFDA's beta search ran it before: every evaluation of f read on the host."""
+    ratio = (math.sqrt(5) - 1) / 2
+    c, d = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fc, fd = f(c), f(d)
+    while hi - lo > tol:
+        if fc <= fd:
+            hi, d, fd = d, c, fc
+            c = hi - ratio * (hi - lo)
+            fc = f(c)
+        else:
+            lo, c, fc = c, d, fd
+            d = lo + ratio * (hi - lo)
+            fd = f(d)
+    return (c, fc) if fc <= fd else (d, fd)
 
+
+def host_bounded_min(f, dims, tol=1e-7):
+    """The host-driven grid and golden-section refinement of f over [0, 1]^dims, as before: (point, value)."""
     def value(point):
-        with torch.no_grad():
-            v = float(J(torch.tensor(point[0], dtype=torch.float64), torch.tensor(point[-1], dtype=torch.float64)))
+        v = f(*point)
         return v if math.isfinite(v) else math.inf
-
-    def golden(f, lo, hi):
-        r = (math.sqrt(5) - 1) / 2
-        c, d = hi - r * (hi - lo), lo + r * (hi - lo)
-        fc, fd = f(c), f(d)
-        while hi - lo > tol:
-            if fc <= fd:
-                hi, d, fd = d, c, fc
-                c = hi - r * (hi - lo)
-                fc = f(c)
-            else:
-                lo, c, fc = c, d, fd
-                d = lo + r * (hi - lo)
-                fd = f(d)
-        return (c, fc) if fc <= fd else (d, fd)
 
     n = 21 if dims == 1 else 11
     axis = [i / (n - 1) for i in range(n)]
@@ -126,16 +125,28 @@ def beta_before(z, y, glob, lp, dims, tol=1e-7):
     values = [value(p) for p in grid]
     best = min(range(len(grid)), key=values.__getitem__)
     point, fbest = list(grid[best]), values[best]
+    if not math.isfinite(fbest):
+        return tuple(point), fbest
     for _ in range(1 if dims == 1 else 8):
         moved = 0.0
         for i in range(dims):
             lo, hi = max(0.0, point[i] - 1 / (n - 1)), min(1.0, point[i] + 1 / (n - 1))
-            t, ft = golden(lambda t, i=i: value(point[:i] + [t] + point[i + 1:]), lo, hi)
+            t, ft = host_golden_section(lambda t, i=i: value(point[:i] + [t] + point[i + 1:]), lo, hi, tol)
             if ft < fbest:
                 moved, point[i], fbest = max(moved, abs(t - point[i])), t, ft
         if moved < 10 * tol:
             break
-    return point
+    return tuple(point), fbest
+
+
+def beta_before(z, y, glob, lp, dims):
+    """The host-driven grid and golden-section search over the same objective J."""
+    J = cv_objective(cv_parts(z, y, glob, 2, "paper", torch.Generator().manual_seed(0)), glob, lp, 1e-4)
+
+    def value(*b):
+        with torch.no_grad():
+            return float(J(torch.tensor(b[0], dtype=torch.float64), torch.tensor(b[-1], dtype=torch.float64)))
+    return list(host_bounded_min(value, dims)[0])
 
 
 def beta_after(z, y, glob, lp, dims):

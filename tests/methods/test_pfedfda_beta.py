@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.host_stalls import host_bounded_min
 from fl.methods.pfedfda.stats import bounded_min, cv_objective, cv_parts, estimate, solve_beta
 from tests.helpers import TorchCalls
 
@@ -68,48 +69,7 @@ def test_bounded_min_finds_interior_boundary_and_two_dimensional_minima():
     assert bounded_min(on_points(lambda b: math.inf), 1)[1] == math.inf
 
 
-# ---- the search as it was: every evaluation of J read on the host (a GPU sync each) ---------------------------------
-def host_golden_section(f, lo, hi, tol):
-    ratio = (math.sqrt(5) - 1) / 2
-    c, d = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fc, fd = f(c), f(d)
-    while hi - lo > tol:
-        if fc <= fd:
-            hi, d, fd = d, c, fc
-            c = hi - ratio * (hi - lo)
-            fc = f(c)
-        else:
-            lo, c, fc = c, d, fd
-            d = lo + ratio * (hi - lo)
-            fd = f(d)
-    return (c, fc) if fc <= fd else (d, fd)
-
-
-def host_bounded_min(f, dims, tol=1e-7):
-    def value(point):
-        v = f(*point)
-        return v if math.isfinite(v) else math.inf
-
-    n = 21 if dims == 1 else 11
-    axis = [i / (n - 1) for i in range(n)]
-    grid = [(a,) for a in axis] if dims == 1 else [(a, b) for a in axis for b in axis]
-    values = [value(p) for p in grid]
-    best = min(range(len(grid)), key=values.__getitem__)
-    point, fbest = list(grid[best]), values[best]
-    if not math.isfinite(fbest):
-        return tuple(point), fbest
-    for _ in range(1 if dims == 1 else 8):
-        moved = 0.0
-        for i in range(dims):
-            lo, hi = max(0.0, point[i] - 1 / (n - 1)), min(1.0, point[i] + 1 / (n - 1))
-            t, ft = host_golden_section(lambda t, i=i: value(point[:i] + [t] + point[i + 1:]), lo, hi, tol)
-            if ft < fbest:
-                moved, point[i], fbest = max(moved, abs(t - point[i])), t, ft
-        if moved < 10 * tol:
-            break
-    return tuple(point), fbest
-
-
+# ---- the search as it was: every evaluation of J read on the host (a GPU sync each): bench/host_stalls.py's
 def host_search(z, y, glob, lp, seed, mode, cov_reg, k=2):
     keep = torch.bincount(y)[y] >= k
     parts = cv_parts(z[keep], y[keep], glob, k, cov_reg, torch.Generator().manual_seed(seed))
