@@ -103,3 +103,25 @@ def test_every_method_page_has_the_same_sections_in_order():
         levels = markdown_headings(page.read_text())
         assert [t for lv, t, _ in levels if lv == 2] == METHOD_SECTIONS, page.name
         assert [lv for lv, _, _ in levels].count(1) == 1 and levels[0][0] == 1, page.name
+
+
+CONFLICT = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
+
+
+def conflict_markers(root: Path) -> list[str]:
+    """file:line of every merge-conflict marker in the project's text files (Markdown, Python, YAML, shell)."""
+    tops = [p for p in root.iterdir() if not p.name.startswith(".") and p.name != "outputs"] + [root / ".ci"]
+    files = sorted(f for top in tops for f in ([top] if top.is_file() else top.rglob("*")))
+    found = []
+    for path in files:
+        if path.is_file() and (path.suffix in {".md", ".py", ".yaml", ".yml", ".toml", ".sh"} or path.name == "run"):
+            text = path.read_text(errors="replace")
+            found += [f"{path.relative_to(root)}:{text.count(chr(10), 0, m.start()) + 1}"
+                      for m in CONFLICT.finditer(text)]
+    return found
+
+
+def test_no_file_holds_a_merge_conflict_marker(tmp_path):
+    assert conflict_markers(ROOT) == []
+    (tmp_path / "a.md").write_text("one\n" + "<" * 7 + " HEAD\ntwo\n" + "=" * 7 + "\nthree\n" + ">" * 7 + " branch\n")
+    assert conflict_markers(tmp_path) == ["a.md:2", "a.md:4", "a.md:6"]
