@@ -67,6 +67,14 @@ def images(x: Tensor | MappedImages) -> Tensor:
     return x.load() if isinstance(x, MappedImages) else x
 
 
+def map_images(splits: list[Split], fn) -> None:
+    """fn applied once to the images of `splits` together (random corruptions then differ per image), written back
+    split by split, in memory: a transformed image is no longer the cached one."""
+    out = fn(torch.cat([images(s.x) for s in splits]))
+    for split, part in zip(splits, out.split([len(s) for s in splits])):
+        split.x = part
+
+
 def rows_to(t: Tensor | MappedImages, idx, device: torch.device) -> Tensor:
     """t[idx] (idx: a slice or an index tensor on t's device) on `device`, by a non-blocking copy. From host memory to
     a CUDA device the rows are gathered straight into pinned memory: a copy from pageable memory makes the host wait
@@ -109,6 +117,9 @@ class ClientData:
     test: Split
     domain: int = 0
     val: Optional[Split] = None  # held out of the client's training data (data.val_fraction), for model selection
+
+    def splits(self) -> list[Split]:
+        return [self.train, self.test] + ([self.val] if self.val is not None else [])
 
 
 @dataclass

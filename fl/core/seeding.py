@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import torch
 
 
@@ -17,6 +18,12 @@ def derive_seed(seed: int, round_idx: int, client: int, purpose: str) -> int:
 
 def generator(seed: int, round_idx: int, client: int, purpose: str) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(seed, round_idx, client, purpose))
+
+
+def data_stream(seed: int, purpose: str) -> np.random.Generator:
+    """The numpy stream of one purpose of building the clients' data (a partition, a held-out set, ...): one per
+    purpose, so switching one option does not reshuffle the others."""
+    return np.random.default_rng(derive_seed(seed, 0, -1, purpose))
 
 
 def seed_torch(seed: int, round_idx: int, client: int, purpose: str) -> None:

@@ -1,7 +1,7 @@
 """The pipeline's first stage after loading: what the clients never see. The pool's source and test splits
 (data.pool_splits), a held-out test split when the pool has none, the public set (data.public_size) and the target
 client's distribution and validation data (data.target). Every draw comes from the partition seed, one stream per
-purpose (`stream`), so switching one option (say, a public set) does not reshuffle the others."""
+purpose, so switching one option (say, a public set) does not reshuffle the others."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,35 +12,16 @@ import torch
 from omegaconf import DictConfig
 
 from fl.config import ConfigError
-from fl.core import Split, Target, derive_seed
+from fl.core import Split, Target
+from fl.core.sampling import proportional_sample
+from fl.core.seeding import data_stream
 from fl.data.base import Pool
-
-
-def stream(seed: int, purpose: str) -> np.random.Generator:
-    """The seeded random stream of one purpose of the data pipeline."""
-    return np.random.default_rng(derive_seed(seed, 0, -1, purpose))
 
 
 def sample_keys(split: Split, num_classes: int) -> np.ndarray:
     """(domain, label) as one key, so matched test sets follow both the domain and the label mix."""
     y = split.y.numpy()
     return y if split.domain is None else split.domain.numpy() * num_classes + y
-
-
-def proportional_sample(keys: np.ndarray, want: np.ndarray, rng: np.random.Generator,
-                        allowed: Optional[np.ndarray] = None, size: Optional[int] = None) -> np.ndarray:
-    """Positions whose key histogram is proportional to `want` (a weight per key), as many as the scarcest
-    key allows (or `size` in total), sampled without replacement."""
-    allowed = np.ones(len(keys), dtype=bool) if allowed is None else allowed
-    have = np.bincount(keys[allowed], minlength=len(want))[:len(want)]
-    use = (want > 0) & (have > 0)
-    if not use.any():
-        return np.zeros(0, dtype=np.int64)
-    scale = (have[use] / want[use]).min() if size is None else size / want[use].sum()
-    counts = np.minimum(np.round(want * scale).astype(int), have) * use
-    out = [rng.choice(np.flatnonzero((keys == k) & allowed), size=c, replace=False)
-           for k, c in enumerate(counts) if c > 0]
-    return np.sort(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
 
 
 def parse_target(target, num_classes: int) -> Optional[np.ndarray]:
@@ -63,10 +44,12 @@ def parse_target(target, num_classes: int) -> Optional[np.ndarray]:
 class HeldOut:
     """The pool once the sets the clients never see are taken out. `free` marks the source positions left for
     the clients; `fine` holds the source's fine labels (data.partition.labels=fine) when the dataset has them."""
+    num_classes: int
     source: Split
     official: Optional[Split]  # the test split every client test set and the global test set come from
     free: np.ndarray
     keys: np.ndarray  # sample_keys(source)
+    official_keys: Optional[np.ndarray]  # sample_keys(official)
     fine: Optional[torch.Tensor]
     public: Optional[Split] = None
     public_pos: Optional[np.ndarray] = None
@@ -105,23 +88,25 @@ def hold_out(pool: Pool, d: DictConfig, seed: int) -> HeldOut:
     n = len(source)
     free = np.ones(n, dtype=bool)
     keys = sample_keys(source, K)
+    official_keys = None if official is None else sample_keys(official, K)
     if official is None and need_official:  # hold out a stratified test split of the pool
-        held = proportional_sample(keys, np.bincount(keys).astype(float), stream(seed, "heldout-test"),
+        held = proportional_sample(keys, np.bincount(keys).astype(float), data_stream(seed, "heldout-test"),
                                    size=int(round(d.test_fraction * n)))
-        official, free[held] = source.subset(torch.from_numpy(held)), False
-    h = HeldOut(source, official, free, keys, fine, target_dist=target_dist, domain_target=domain_target)
+        official, official_keys, free[held] = source.subset(torch.from_numpy(held)), keys[held], False
+    h = HeldOut(K, source, official, free, keys, official_keys, fine, target_dist=target_dist,
+                domain_target=domain_target)
 
     if d.public_size:  # held out from every client, class-balanced; its labels are for diagnostics only
         if d.public_size >= int(free.sum()):  # the clients need samples too
             raise ConfigError(f"data.public_size={d.public_size} leaves no samples for the clients: the pool has "
                               f"{int(free.sum())} after the held-out test split; use fewer")
-        h.public_pos = proportional_sample(source.y.numpy(), np.ones(K), stream(seed, "public"), free,
+        h.public_pos = proportional_sample(source.y.numpy(), np.ones(K), data_stream(seed, "public"), free,
                                            size=d.public_size)
         h.public, free[h.public_pos] = source.subset(torch.from_numpy(h.public_pos)), False
 
     if target_dist is not None and domain_target is None:  # validation from the official test split, disjoint
         # from the target test
-        h.target_val = proportional_sample(official.y.numpy(), target_dist, stream(seed, "target"),
+        h.target_val = proportional_sample(official.y.numpy(), target_dist, data_stream(seed, "target"),
                                            size=d.target.val_size)
         h.target_taken = np.zeros(len(official), dtype=bool)
         h.target_taken[h.target_val] = True
@@ -129,7 +114,10 @@ def hold_out(pool: Pool, d: DictConfig, seed: int) -> HeldOut:
 
 
 def _check_label_lists(d: DictConfig, num_classes: int) -> None:
-    """data.drop_labels (per client) and data.target.drop_labels name labels in [0, K) and leave some label."""
+    """data.drop_labels (one list per client) and data.target.drop_labels name labels in [0, K) and leave some
+    label."""
+    if d.drop_labels is not None and len(d.drop_labels) != d.num_clients:
+        raise ConfigError(f"data.drop_labels needs one entry per client ({d.num_clients}); got {len(d.drop_labels)}")
     lists = [(f"data.drop_labels[{i}]", drop) for i, drop in enumerate(d.drop_labels or [])]
     lists.append(("data.target.drop_labels", d.target.drop_labels))
     for key, drop in lists:
