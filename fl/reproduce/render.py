@@ -13,7 +13,7 @@ from fl.reproduce.compare import ColumnView
 from fl.reproduce.spec import Paper
 
 STAT_WORDS = {"final": "its last evaluation", "last": "the mean over its last K evaluations",
-              "best_val": "at its round of best {select}"}
+              "best_val": "its round of best {select}"}
 BADGE = {HOLDS: "HOLDS", FAILS: "FAILS"}
 
 
