@@ -77,12 +77,15 @@ def record(results: list[dict], args: argparse.Namespace) -> None:
     old = json.loads(TWIN_SECONDS.read_text()) if TWIN_SECONDS.is_file() else {}
     cpu = {**old.get("seconds", {}), **{k: v for r in results for k, v in per_point(r["runs"], "cpu_s").items()}}
     wall = {**old.get("wall_seconds", {}), **{k: v for r in results for k, v in per_point(r["runs"], "wall_s").items()}}
-    loads = ", ".join(f"{r['paper']} {r['load_mean']:.1f}" for r in results)
-    measured = (f"measured {datetime.now(timezone.utc):%Y-%m-%d} by bench/reproduce_budget.py on {os.cpu_count()} CPU "
-                f"cores, --parallel {args.parallel or os.cpu_count()}, fabric.cpu_threads=1, {args.seeds} seed(s); "
-                f"seconds: each point's median CPU time (user + system), wall_seconds: its median wall time; mean "
-                f"load average while running: {loads}")
-    TWIN_SECONDS.write_text(json.dumps({"measured": measured, "seconds": cpu, "wall_seconds": wall}, indent=1) + "\n")
+    day = f"{datetime.now(timezone.utc):%Y-%m-%d}"
+    how = {**old.get("how", {}), **{r["paper"]: f"{day}, {args.seeds} seed(s), mean load average {r['load_mean']:.1f}"
+                                    for r in results}}  # per paper: the last recording of its points
+    papers = "; ".join(f"{k}: {v}" for k, v in sorted(how.items()))
+    measured = (f"measured by bench/reproduce_budget.py on {os.cpu_count()} CPU cores, --parallel "
+                f"{args.parallel or os.cpu_count()}, fabric.cpu_threads=1; seconds: each point's median CPU time "
+                f"(user + system), wall_seconds: its median wall time; {papers}")
+    TWIN_SECONDS.write_text(json.dumps({"measured": measured, "how": how, "seconds": cpu, "wall_seconds": wall},
+                                       indent=1) + "\n")
     print(f"wrote {TWIN_SECONDS} ({len(cpu)} points)")
 
 
