@@ -27,6 +27,17 @@ class ColumnView:
     lines: list[Line] = field(default_factory=list)
     rho: Optional[float] = None
     rho_rows: int = 0
+    same_as: Optional[str] = None  # a variant column whose every cell equals its base column's, seed for seed
+
+    @property
+    def notes(self) -> list[str]:
+        """The footnotes under the table: each cell's (diverged runs, repeats, ...), then a variant that changed
+        nothing."""
+        out = [f"{ln.method}: {n}" for ln in self.lines if ln.ours for n in ln.ours.notes]
+        if self.same_as:
+            out.append(f"every cell equals the same seed's in `{self.same_as}`: this variant's overrides changed no "
+                       "run's result, so it is no harder (or other) setting")
+        return out
 
     @property
     def digits(self) -> int:
@@ -53,6 +64,11 @@ def column_view(table: Table, column: Column, results: dict[CellKey, Cell], not_
         why = not_run.get(key, "") if cell is None else ("" if cell.n else "no finished run: see the notes")
         view.lines.append(Line(r.method, paper.get(r.method), paper_ranks.get(r.method), cell,
                                our_ranks.get(r.method), why))
+    if column.paper_column != column.id:  # a variant of another column: did its overrides change anything?
+        base = {r.method: results.get(CellKey(table.id, column.paper_column, r.method)) for r in table.rows}
+        shared = [m for m, c in ours.items() if c.seeds and base.get(m) is not None and base[m].seeds]
+        if shared and all(ours[m].seeds == base[m].seeds for m in shared):
+            view.same_as = column.paper_column
     both = [m for m in paper if m in our_ranks]
     if len(both) >= 3:
         view.rho = spearman_rho([ours[m].mean for m in both], [paper[m][0] for m in both])

@@ -59,7 +59,7 @@ def _table_md(view: ColumnView) -> list[str]:
         lines.append(f"| {ln.method} | {paper} | {ln.paper_rank or '—'} | {_ours(ln, d)} | {ln.our_rank or '—'} |")
     rho = (f"Spearman's rho, ours against the paper's means: {view.rho:.2f} over {view.rho_rows} rows."
            if view.rho is not None else "Spearman's rho: fewer than 3 rows with both numbers.")
-    notes = [f"- {ln.method}: {n}" for ln in view.lines if ln.ours for n in ln.ours.notes]
+    notes = [f"- {n}" for n in view.notes]
     return lines + ["", rho] + ([""] + notes if notes else [])
 
 
@@ -148,8 +148,8 @@ def html_page(report: Report) -> str:
             out.append("</table></div>")
             rho = f"Spearman's rho {view.rho:.2f} over {view.rho_rows} rows" if view.rho is not None else \
                 "Spearman's rho: fewer than 3 rows with both numbers"
-            notes = [f"{ln.method}: {n}" for ln in view.lines if ln.ours for n in ln.ours.notes]
-            out.append(f"<p class='foot'>{_esc(rho)}</p>" + "".join(f"<p class='foot'>{_esc(n)}</p>" for n in notes))
+            out.append(f"<p class='foot'>{_esc(rho)}</p>" + "".join(f"<p class='foot'>{_esc(n)}</p>"
+                                                                   for n in view.notes))
         figures = report.figures.get(table.id, [])
         out += [f"<figure>{image_tag(path, name)}<figcaption>{_esc(name)}</figcaption></figure>"
                 for name, path in figures]

@@ -143,3 +143,20 @@ def test_a_twin_note_is_shown_beside_a_twin_verdict_that_does_not_hold_and_scale
 def test_malformed_claims_name_the_field(claim, message):
     with pytest.raises(ReproduceError, match=message):
         paper_with(**claim)
+
+
+def test_a_variant_column_equal_to_its_base_seed_for_seed_says_so():
+    """A harder-twin column (paper_column = another column) whose every cell equals the base column's, seed for seed,
+    is flagged under its table: its overrides changed nothing (FedDRM's level=high on 8 clients was the default)."""
+    from fl.reproduce.compare import column_view
+    doc = paper_doc()
+    doc["tables"][0]["columns"].append({"id": "c1_hard", "paper_column": "c1", "real": None, "twin": None})
+    t = parse_paper(doc, Path("p.yaml")).table("t")
+    k = lambda c, r: CellKey("t", c, r)  # noqa: E731
+    base = {k("c1", m): cell(v, v + 1) for m, v in (("A", 9), ("B", 7), ("C", 5))}
+    same = {**base, **{k("c1_hard", key.row): c for key, c in base.items()}}
+    view = column_view(t, t.column("c1_hard"), same, {})
+    assert view.same_as == "c1" and "changed no run's result" in view.notes[-1]
+    other = {**same, k("c1_hard", "A"): cell(9, 11)}
+    assert column_view(t, t.column("c1_hard"), other, {}).same_as is None
+    assert column_view(t, t.column("c1"), same, {}).same_as is None  # a base column is nobody's variant
