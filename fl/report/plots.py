@@ -8,6 +8,7 @@ short_settings); its full label is the figure's caption."""
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import re
 import statistics
@@ -40,9 +41,10 @@ def file_stem(*parts: str) -> str:
 
 
 def seed_band(runs, key: str) -> tuple[list[int], list[float], list[float]]:
-    """Rounds where every seed has the key (0-based, as the files and the console number them), mean and sample
-    std across seeds."""
-    per_run = [dict(r.series(key)) for r in runs]
+    """Rounds where every seed has a finite value of the key (0-based, as the files and the console number them),
+    mean and sample std across seeds. A non-finite value (FedPALS' lambda = inf at ESS fraction 1) cannot be drawn:
+    its round is left out."""
+    per_run = [{t: v for t, v in r.series(key) if math.isfinite(v)} for r in runs]
     rounds = sorted(set.intersection(*(set(s) for s in per_run))) if per_run else []
     means = [statistics.mean(s[t] for s in per_run) for t in rounds]
     stds = [statistics.stdev([s[t] for s in per_run]) if len(per_run) > 1 else 0.0 for t in rounds]

@@ -2,6 +2,7 @@
 seeds run more than once and for runs that diverged."""
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any, Optional
 
@@ -33,7 +34,8 @@ def mean_std(values: list[float]) -> tuple[Optional[float], Optional[float], int
     values = [v for v in values if v is not None]
     if not values:
         return None, None, 0
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None), len(values)
+    spread = len(values) > 1 and all(math.isfinite(v) for v in values)  # an infinite value (lambda) has none
+    return statistics.mean(values), (statistics.stdev(values) if spread else None), len(values)
 
 
 def table_rows(groups: dict, metrics: list[str]) -> list[dict]:

@@ -13,6 +13,7 @@ from matplotlib.collections import LineCollection, PolyCollection  # noqa: E402
 from fl.report.groups import group_runs, short_settings  # noqa: E402
 from fl.report.plots import all_figures, curve_plot, sweep_plot  # noqa: E402
 from fl.report.runs import load_local  # noqa: E402
+from fl.report.tables import mean_std  # noqa: E402
 from tests.report.test_report import fake_run  # noqa: E402
 
 ACC = "test/acc_mean_clients"
@@ -69,6 +70,19 @@ def test_a_loss_band_is_not_clipped(tmp_path):
                        ("s1", 1, [0.5, 0.5], {"extra": {"test/kl_PQ": 0.2}}))
     low, _ = y_extent(curve_plot(groups, "embedded/dirichlet", "test/kl_PQ").axes[0])
     assert low == pytest.approx(-np.std([-0.2, 0.2], ddof=1))  # not an accuracy: drawn as logged
+
+
+def test_a_curve_leaves_out_the_rounds_a_seed_logged_as_infinite(tmp_path):
+    """FedPALS logs lambda = inf at ESS fraction 1: three seeds of it drew no band but crashed statistics.stdev."""
+    lam = lambda i: float("inf") if i == 0 else 2.0 * i  # noqa: E731
+    groups = groups_of(tmp_path, *[(f"s{s}", s, [0.5, 0.5, 0.5], {"extra": {"server/lambda": lam}}) for s in range(3)])
+    line = curve_plot(groups, "embedded/dirichlet", "server/lambda").axes[0].lines[0]
+    assert list(line.get_xdata()) == [3, 5] and list(line.get_ydata()) == [2.0, 4.0]
+    always = groups_of(tmp_path / "inf", *[(f"s{s}", s, [0.5], {"extra": {"server/lambda": float("inf")}})
+                                           for s in range(2)])
+    assert curve_plot(always, "embedded/dirichlet", "server/lambda") is None
+    assert mean_std([float("inf")] * 3) == (float("inf"), None, 3)  # the table cell: no spread to give
+    assert mean_std([1.0, 3.0]) == (2.0, pytest.approx(2 ** 0.5), 2)
 
 
 def sweep(points, best=0):
