@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 from bench.state_store import du, instrument  # noqa: E402
 from fl.core.batches import count_batches  # noqa: E402
 from fl.data.sources import domains  # noqa: E402
+from fl.reproduce.timing import duration  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -380,14 +381,6 @@ def projection(s: dict, local_steps: Optional[int]) -> Optional[float]:
         train += s["batch_s"] * (s["batches_paper"] / s["batches_run"] - 1)
     ckpt = s["checkpoints"][0]["seconds"] if s.get("checkpoints") else 0.0
     return rounds * train + evals * s["eval_s"] + ckpts * ckpt
-
-
-def duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h" if seconds < 72 * 3600 else f"{seconds / 86400:.1f} d"
 
 
 def mib(n: Optional[float]) -> str:
