@@ -1,7 +1,9 @@
 """Two gloo processes call exchange.gather_to_zero twice with the default group's backend reported as NCCL, so the
 objects must travel through the gloo group gather_to_zero makes for host memory. `python tests/gather_to_zero.py
 OUT_DIR` writes OUT_DIR/<rank>.pt: what each process received and which group carried it."""
+import gc
 import sys
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,10 +21,16 @@ def worker(rank: int, out: Path) -> None:
     first = exchange.gather_to_zero(fabric, {"rank": rank, "state": torch.full((3,), float(rank))})
     group = exchange.host_group()
     second = exchange.gather_to_zero(fabric, [rank] * (rank + 1))  # sizes differ between processes
-    torch.save({"first": first, "second": second, "own_group": group is not None,
-                "same_group": exchange.host_group() is group, "group_size": dist.get_world_size(group)},
-               out / f"{rank}.pt")
+    result = {"first": first, "second": second, "own_group": group is not None,
+              "same_group": exchange.host_group() is group, "group_size": dist.get_world_size(group)}
+    # the groups must die with destroy_process_group, not at interpreter finalization (where a Gloo worker thread
+    # still releasing the gather's tensors cannot take the GIL, and the process aborts)
+    alive = weakref.ref(group)
+    del group
     dist.destroy_process_group()
+    gc.collect()
+    result["group_outlives_destroy"] = alive() is not None
+    torch.save(result, out / f"{rank}.pt")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ result (gathered in client order), plus the byte counts of what would travel."""
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -102,18 +103,24 @@ def gather_to_zero(fabric: Fabric, obj: Any) -> Optional[list[Any]]:
     return parts
 
 
-_HOST_GROUP: dict[str, Any] = {}
+_HOST_GROUP: dict[str, weakref.ref] = {}
 
 
 def host_group() -> Optional[dist.ProcessGroup]:
     """A process group whose object collectives stay in host memory: the default one when it has a gloo backend
     (CPU runs), else a gloo group over the same processes, created at the first call (a collective call: every
-    process makes it at the same point of the run)."""
+    process makes it at the same point of the run).
+
+    Only weak references are kept: a group kept alive here would outlive destroy_process_group (Fabric calls it at
+    exit) and be destroyed during interpreter finalization, where a Gloo worker thread still releasing a finished
+    gather's tensors cannot take the GIL and the process aborts ("terminate called without an active exception")."""
     if "gloo" in dist.get_backend():  # "gloo", or "cpu:gloo,cuda:nccl" (object collectives then take the CPU one)
         return None
-    if _HOST_GROUP.get("world") is not dist.group.WORLD:  # one per default group (a new run in this process)
-        _HOST_GROUP.update(world=dist.group.WORLD, group=dist.new_group(backend="gloo"))
-    return _HOST_GROUP["group"]
+    world, group = (_HOST_GROUP[k]() if k in _HOST_GROUP else None for k in ("world", "group"))
+    if world is not dist.group.WORLD or group is None:  # one per default group (a new run in this process)
+        group = dist.new_group(backend="gloo")
+        _HOST_GROUP.update(world=weakref.ref(dist.group.WORLD), group=weakref.ref(group))
+    return group
 
 
 def payload_bytes(obj: Any) -> int:

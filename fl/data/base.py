@@ -45,6 +45,21 @@ class Pool:
     fine_labels: Optional[tuple[Tensor, Optional[Tensor]]] = None  # (train, test) finer labels, e.g. CIFAR-100's
 
 
+def pixel_stats(x: Tensor, rows: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and (unbiased) std of uint8 images [N, C, H, W], as values in [0, 1]. The sums are exact
+    integers and each figure one correctly rounded division, so the statistics are the same bits on every machine
+    (a float reduction's order, hence its last bits, depends on the CPU's kernels)."""
+    n, c = x.shape[0] * x.shape[2] * x.shape[3], x.shape[1]
+    total, squares = [0] * c, [0] * c
+    for part in x.split(rows):
+        wide = part.to(torch.int64)
+        total = [t + int(s) for t, s in zip(total, wide.sum(dim=(0, 2, 3)))]
+        squares = [q + int(s) for q, s in zip(squares, wide.square().sum(dim=(0, 2, 3)))]
+    mean = tuple(t / (255 * n) for t in total)
+    std = tuple(((n * q - t * t) / (n * (n - 1))) ** 0.5 / 255 for t, q in zip(total, squares))
+    return mean, std
+
+
 @contextlib.contextmanager
 def removed_if_failed(folder: Path):
     """A download into `folder`: the folders it creates on the way (torchvision makes them before it fetches

@@ -5,6 +5,12 @@ blobs; a sample is its class prototype randomly shifted, rescaled in contrast an
 noise and a random distractor blob. The dataset depends only on its shape parameters (a fixed
 generation seed), so every run and every method sees the same pool; the client split uses the run's seed.
 Images are stored as uint8 in [0, 255] (pixel value (v + 3) / 6 of the generated v), normalised per batch.
+
+The same bytes on every machine: the draws are float64 (torch's uniform and normal draws in float64 are the same
+numbers under every CPU capability), and so is all the arithmetic. Vectorised sin / exp kernels differ from the scalar
+ones by an ulp or two (about 1e-16 relative), so a pixel could only change if its value * 255 fell within about 1e-13
+of a rounding boundary; tests/data/test_generated_bitwise.py checks the bytes under torch's scalar kernels
+(ATEN_CPU_CAPABILITY=default) against the machine's own and against pinned hashes.
 """
 from __future__ import annotations
 
@@ -17,10 +23,11 @@ import torch
 from torch import Tensor
 
 GENERATION_SEED = 20261121
+F64 = torch.float64
 
 
 def _blob(size: int, cy: Tensor, cx: Tensor, sigma: Tensor) -> Tensor:
-    grid = torch.arange(size, dtype=torch.float32)
+    grid = torch.arange(size, dtype=F64)
     gy = (grid.view(1, -1, 1) - cy.view(-1, 1, 1)) ** 2
     gx = (grid.view(1, 1, -1) - cx.view(-1, 1, 1)) ** 2
     return torch.exp(-(gy + gx) / (2 * sigma.view(-1, 1, 1) ** 2))
@@ -28,20 +35,20 @@ def _blob(size: int, cy: Tensor, cx: Tensor, sigma: Tensor) -> Tensor:
 
 def prototypes(num_classes: int, channels: int, size: int, gen: torch.Generator) -> Tensor:
     """[K, C, S, S] class prototypes in roughly [-1, 1]."""
-    grid = torch.arange(size, dtype=torch.float32)
+    grid = torch.arange(size, dtype=F64)
     yy, xx = torch.meshgrid(grid, grid, indexing="ij")
     protos = []
     for _ in range(num_classes):
-        angle = torch.rand(1, generator=gen) * torch.pi
-        freq = 0.15 + 0.35 * torch.rand(1, generator=gen)
+        angle = torch.rand(1, generator=gen, dtype=F64) * torch.pi
+        freq = 0.15 + 0.35 * torch.rand(1, generator=gen, dtype=F64)
         grating = torch.sin(freq * (xx * torch.cos(angle) + yy * torch.sin(angle)) * 2)
-        colour = torch.rand(channels, 1, 1, generator=gen) * 2 - 1
+        colour = torch.rand(channels, 1, 1, generator=gen, dtype=F64) * 2 - 1
         img = 0.5 * grating * colour
         for _ in range(3):
-            cy, cx = torch.rand(2, generator=gen) * (size - 1)
-            sigma = size * (0.08 + 0.12 * torch.rand(1, generator=gen))
+            cy, cx = torch.rand(2, generator=gen, dtype=F64) * (size - 1)
+            sigma = size * (0.08 + 0.12 * torch.rand(1, generator=gen, dtype=F64))
             b = _blob(size, cy.view(1), cx.view(1), sigma)[0]
-            img = img + (torch.rand(channels, 1, 1, generator=gen) * 2 - 1) * b
+            img = img + (torch.rand(channels, 1, 1, generator=gen, dtype=F64) * 2 - 1) * b
         protos.append(img)
     return torch.stack(protos)
 
@@ -64,11 +71,11 @@ def generate(num_classes: int, samples_per_class: int, channels: int, size: int,
     rows = (torch.arange(size).view(1, -1) - sy.view(-1, 1)) % size
     cols = (torch.arange(size).view(1, -1) - sx.view(-1, 1)) % size
     x = x[torch.arange(n).view(-1, 1, 1), :, rows.view(n, size, 1), cols.view(n, 1, size)].permute(0, 3, 1, 2)
-    x = x * (0.6 + 0.8 * torch.rand(n, 1, 1, 1, generator=gen))
-    distractor = _blob(size, torch.rand(n, generator=gen) * (size - 1), torch.rand(n, generator=gen) * (size - 1),
-                       torch.full((n,), size * 0.15))
-    x = x + distractor.unsqueeze(1) * (torch.rand(n, channels, 1, 1, generator=gen) * 2 - 1)
-    x = x + noise * torch.randn(x.shape, generator=gen)
+    x = x * (0.6 + 0.8 * torch.rand(n, 1, 1, 1, generator=gen, dtype=F64))
+    cy, cx = (torch.rand(n, generator=gen, dtype=F64) * (size - 1) for _ in range(2))
+    distractor = _blob(size, cy, cx, torch.full((n,), size * 0.15, dtype=F64))
+    x = x + distractor.unsqueeze(1) * (torch.rand(n, channels, 1, 1, generator=gen, dtype=F64) * 2 - 1)
+    x = x + noise * torch.randn(x.shape, generator=gen, dtype=F64)
     # stored as 8-bit images, like the real datasets, so pixel-space client transforms apply to it too
     x = ((x + 3.0) / 6.0 * 255).round().clamp(0, 255).to(torch.uint8)
     return x.contiguous(), y
@@ -76,7 +83,7 @@ def generate(num_classes: int, samples_per_class: int, channels: int, size: int,
 
 def cache_key(num_classes: int, samples_per_class: int, channels: int, size: int, noise: float) -> str:
     """Names the generated images (bump its version when `generate` changes)."""
-    return f"v2-{num_classes}-{samples_per_class}-{channels}-{size}-{noise}"
+    return f"v3-{num_classes}-{samples_per_class}-{channels}-{size}-{noise}"
 
 
 def load_or_generate(root: str, num_classes: int, samples_per_class: int, channels: int, size: int,

@@ -17,6 +17,13 @@ Everything depends only on the arguments (fixed generation seed; each (split, do
 has its own stream), so every run sees the same pool, the test split does not change with the train
 size, and class k's glyph is the same whatever num_classes is.
 
+The same bytes on every machine: every draw and every operation is float64 (torch's uniform and normal draws in
+float64 are the same numbers under every CPU capability; in float32 the normal draws are not). Vectorised sin / exp /
+interpolation kernels differ from the scalar ones by an ulp or two (about 1e-16 relative), so a pixel, or a threshold
+such as the sketch's broken outline, changes only if a value falls within about 1e-13 of its boundary;
+tests/data/test_generated_bitwise.py checks the bytes under torch's scalar kernels (ATEN_CPU_CAPABILITY=default)
+against the machine's own and against pinned hashes. The pool's mean / std are exact integer sums (fl/data/base.py).
+
 Measured difficulty (measured, not a target; `python bench/embedded_domains_difficulty.py`: the
 framework's `cnn` at width 16, i.e. conv 16 -> conv 32 -> hidden 64; 1000 SGD steps per setting, batch
 32, lr 0.02, momentum 0.9; make_pool defaults, 10 classes x 4 domains, 150 / 50 per class and domain;
@@ -45,10 +52,11 @@ from torch import Tensor
 
 from fl.core import Split, derive_seed
 from fl.core.federated_data import images
-from fl.data.base import Pool
+from fl.data.base import Pool, pixel_stats
 
 GENERATION_SEED = 20261122
-CACHE_VERSION = "v1"  # names the generated images in an image cache (data.cache=mmap): bump it when they change
+F64 = torch.float64  # every draw and every operation: see "The same bytes on every machine" above
+CACHE_VERSION = "v2"  # names the generated images in an image cache (data.cache=mmap): bump it when they change
 STYLES = ("photo", "sketch", "noisy", "painted", "cartoon", "neon")
 
 # Glyph geometry, in coordinates where the image spans [-1, 1].
@@ -69,13 +77,13 @@ def _gen(purpose: str, index: int) -> torch.Generator:
 
 
 def _uniform(shape, lo: float, hi: float, gen: torch.Generator) -> Tensor:
-    return lo + (hi - lo) * torch.rand(shape, generator=gen)
+    return lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=F64)
 
 
 def class_glyph(k: int) -> Tensor:
     """[S_k, 2, 2] strokes (start, end points) of class k: a random walk over a jittered 3x3 grid."""
     gen = _gen("embedded_domains/class", k)
-    grid = torch.tensor([-ANCHOR_SPACING, 0.0, ANCHOR_SPACING])
+    grid = torch.tensor([-ANCHOR_SPACING, 0.0, ANCHOR_SPACING], dtype=F64)
     anchors = torch.stack(torch.meshgrid(grid, grid, indexing="xy"), -1).view(9, 2)
     anchors = anchors + _uniform((9, 2), -ANCHOR_JITTER, ANCHOR_JITTER, gen)
     n = int(torch.randint(STROKES[0], STROKES[1] + 1, (1,), generator=gen))
@@ -107,7 +115,7 @@ def _geometry(y: Tensor, glyphs: list[Tensor], size: int, gen: torch.Generator) 
     smax = max(g.shape[0] for g in glyphs)
     # pad every glyph to smax strokes by repeating its first one (a repeat changes no distance)
     table = torch.stack([torch.cat([g, g[:1].expand(smax - g.shape[0], 2, 2)]) for g in glyphs])
-    seg = table[y] + POINT_JITTER * torch.randn((n, smax, 2, 2), generator=gen)
+    seg = table[y] + POINT_JITTER * torch.randn((n, smax, 2, 2), generator=gen, dtype=F64)
     angle = torch.deg2rad(_uniform(n, -ROTATION_DEG, ROTATION_DEG, gen))
     scale = _uniform(n, *SCALE, gen)
     rot = torch.stack([torch.cos(angle), -torch.sin(angle), torch.sin(angle), torch.cos(angle)], -1).view(n, 2, 2)
@@ -123,7 +131,7 @@ def _geometry(y: Tensor, glyphs: list[Tensor], size: int, gen: torch.Generator) 
     # a dropped clutter stroke repeats the glyph's first stroke, which changes no distance
     clutter = torch.where(keep.view(n, m, 1, 1), torch.stack([start, end], 2), seg[:, :1].expand(n, m, 2, 2))
     seg = torch.cat([seg, clutter], 1)
-    coords = (torch.arange(size, dtype=torch.float32) + 0.5) / size * 2 - 1
+    coords = (torch.arange(size, dtype=F64) + 0.5) / size * 2 - 1
     px = torch.stack(torch.meshgrid(coords, coords, indexing="xy"), -1).view(1, -1, 2).expand(n, -1, -1)
     dist = _segment_distance2(px, seg[:, :, 0], seg[:, :, 1]).amin(1).sqrt()
     half_width = _uniform((n, 1), *HALF_WIDTH, gen)
@@ -132,12 +140,12 @@ def _geometry(y: Tensor, glyphs: list[Tensor], size: int, gen: torch.Generator) 
 
 def _field(n: int, channels: int, size: int, cells: int, gen: torch.Generator) -> Tensor:
     """A smooth random field in [0, 1]: a cells x cells grid of uniforms, bicubically upsampled."""
-    coarse = torch.rand((n, channels, cells, cells), generator=gen)
+    coarse = torch.rand((n, channels, cells, cells), generator=gen, dtype=F64)
     return nnf.interpolate(coarse, size=(size, size), mode="bicubic", align_corners=True).clamp(0, 1)
 
 
 def _luma(c: Tensor) -> Tensor:
-    return (c * torch.tensor([0.299, 0.587, 0.114]).view(1, 3, *([1] * (c.dim() - 2)))).sum(1, keepdim=True)
+    return (c * torch.tensor([0.299, 0.587, 0.114], dtype=F64).view(1, 3, *([1] * (c.dim() - 2)))).sum(1, keepdim=True)
 
 
 def _contrasting(bg: Tensor, gap: tuple[float, float], gen: torch.Generator) -> Tensor:
@@ -145,14 +153,14 @@ def _contrasting(bg: Tensor, gap: tuple[float, float], gen: torch.Generator) -> 
     n = bg.shape[0]
     base = _luma(bg.mean(dim=(2, 3), keepdim=True))
     step = _uniform((n, 1, 1, 1), *gap, gen)
-    sign = torch.where(torch.rand((n, 1, 1, 1), generator=gen) < 0.5, -1.0, 1.0)
+    sign = torch.where(torch.rand((n, 1, 1, 1), generator=gen, dtype=F64) < 0.5, -1.0, 1.0)
     sign = torch.where(base + sign * step > 1, -1.0, torch.where(base + sign * step < 0, 1.0, sign))
     chroma = _uniform((n, 3, 1, 1), -0.2, 0.2, gen)
     return (base + sign * step + chroma - _luma(chroma)).clamp(0, 1)
 
 
 def _blur(img: Tensor, sigma: float) -> Tensor:
-    t = torch.arange(-2, 3, dtype=torch.float32)
+    t = torch.arange(-2, 3, dtype=F64)
     k = torch.exp(-t ** 2 / (2 * sigma ** 2))
     k = k / k.sum()
     c = img.shape[1]
@@ -162,7 +170,7 @@ def _blur(img: Tensor, sigma: float) -> Tensor:
 
 def _stripes(n: int, size: int, gen: torch.Generator) -> Tensor:
     """Soft stripes in [0, 1] at a random angle, 2.5-5 periods across the image, [N, 1, S, S]."""
-    coords = torch.linspace(-1, 1, size)
+    coords = torch.linspace(-1, 1, size, dtype=F64)
     yy, xx = torch.meshgrid(coords, coords, indexing="ij")
     theta = _uniform((n, 1, 1), 0, math.pi, gen)
     freq = _uniform((n, 1, 1), 2.5, 5.0, gen) * math.pi
@@ -178,28 +186,28 @@ def render(sdf: Tensor, style: str, gen: torch.Generator) -> Tensor:
     if style == "photo":
         bg = 0.2 + 0.6 * _field(n, 3, size, 3, gen)
         fg = _contrasting(bg, (0.25, 0.5), gen)
-        ramp = torch.linspace(0.75, 1.15, size).view(1, 1, 1, size)
-        shade = torch.where(torch.rand((n, 1, 1, 1), generator=gen) < 0.5, ramp, ramp.transpose(2, 3))
+        ramp = torch.linspace(0.75, 1.15, size, dtype=F64).view(1, 1, 1, size)
+        shade = torch.where(torch.rand((n, 1, 1, 1), generator=gen, dtype=F64) < 0.5, ramp, ramp.transpose(2, 3))
         img = _blur(bg * (1 - fill) + (fg * shade).clamp(0, 1) * fill, 0.7)
-        return img + 0.03 * torch.randn(img.shape, generator=gen)
+        return img + 0.03 * torch.randn(img.shape, generator=gen, dtype=F64)
     if style == "sketch":
         paper = 0.85 + 0.1 * _field(n, 1, size, 4, gen)
         line = torch.exp(-(sdf / 0.8) ** 2)  # a band on the stroke outline: strokes become double lines
         line = line * (_field(n, 1, size, 6, gen) > 0.25)  # broken in places
-        coords = torch.arange(size, dtype=torch.float32)
+        coords = torch.arange(size, dtype=F64)
         hatch = (torch.sin((coords.view(-1, 1) + coords.view(1, -1)) * 1.6) > 0.3).float()
         ink = _uniform((n, 1, 1, 1), 0.05, 0.3, gen)
         grey = paper - (paper - ink) * (line + 0.35 * hatch * fill).clamp(0, 1)
-        img = grey * torch.tensor([1.0, 0.97, 0.92]).view(1, 3, 1, 1)  # a warm paper tint
-        return img + 0.02 * torch.randn(img.shape, generator=gen)
+        img = grey * torch.tensor([1.0, 0.97, 0.92], dtype=F64).view(1, 3, 1, 1)  # a warm paper tint
+        return img + 0.02 * torch.randn(img.shape, generator=gen, dtype=F64)
     if style == "noisy":
         bg = _uniform((n, 3, 1, 1), 0.15, 0.85, gen).expand(n, 3, size, size)
         fg = _contrasting(bg, (0.2, 0.4), gen)
-        img = bg * (1 - fill) + fg * fill + 0.15 * torch.randn((n, 3, size, size), generator=gen)
-        salt = torch.rand((n, 1, size, size), generator=gen)
+        img = bg * (1 - fill) + fg * fill + 0.15 * torch.randn((n, 3, size, size), generator=gen, dtype=F64)
+        salt = torch.rand((n, 1, size, size), generator=gen, dtype=F64)
         return torch.where(salt < 0.03, 0.0, torch.where(salt > 0.97, 1.0, img))
     if style == "painted":
-        c1, c2 = torch.rand((n, 3, 1, 1), generator=gen), torch.rand((n, 3, 1, 1), generator=gen)
+        c1, c2 = torch.rand((n, 3, 1, 1), generator=gen, dtype=F64), torch.rand((n, 3, 1, 1), generator=gen, dtype=F64)
         tex = _stripes(n, size, gen)
         bg = c1 * tex + c2 * (1 - tex)
         bg = bg * (0.7 + 0.6 * _field(n, 1, size, 3, gen))  # brush-like uneven paint
@@ -207,15 +215,15 @@ def render(sdf: Tensor, style: str, gen: torch.Generator) -> Tensor:
         img = bg * (1 - fill) + (1 - bg) * fill
         return img * (1 - 0.8 * outline)
     if style == "cartoon":
-        bg = 0.6 + 0.4 * torch.rand((n, 3, 1, 1), generator=gen)
-        hue = torch.rand((n, 3, 1, 1), generator=gen)
+        bg = 0.6 + 0.4 * torch.rand((n, 3, 1, 1), generator=gen, dtype=F64)
+        hue = torch.rand((n, 3, 1, 1), generator=gen, dtype=F64)
         fg = (hue - hue.amin(1, keepdim=True)) / (hue.amax(1, keepdim=True) - hue.amin(1, keepdim=True) + 1e-6)
         outline = torch.sigmoid(-(sdf.abs() - 1.0) / 0.4)
         return (bg * (1 - fill) + fg * fill) * (1 - outline)
     if style == "neon":
-        colour = 0.4 + 0.6 * torch.rand((n, 3, 1, 1), generator=gen)
+        colour = 0.4 + 0.6 * torch.rand((n, 3, 1, 1), generator=gen, dtype=F64)
         glow = _blur(torch.exp(-(sdf / 0.6) ** 2), 1.2)
-        return colour * (1.6 * glow).clamp(0, 1) + 0.05 * torch.rand((n, 1, size, size), generator=gen)
+        return colour * (1.6 * glow).clamp(0, 1) + 0.05 * torch.rand((n, 1, size, size), generator=gen, dtype=F64)
     raise ValueError(f"unknown style {style!r}")
 
 
@@ -258,8 +266,7 @@ def make_pool(num_classes: int = 10, num_domains: int = 4, train_per_class_domai
     for name in ("train", "test"):
         ys = [torch.arange(num_classes).repeat_interleave(per) for split, _, per in blocks if split == name]
         splits[name] = Split(x[name], torch.cat(ys), torch.cat([torch.full_like(y, d) for d, y in enumerate(ys)]))
-    train = images(splits["train"].x)
-    channels = [train[:, c].double().div(255) for c in range(3)]  # one channel at a time: less memory
+    mean, std = pixel_stats(images(splits["train"].x))
     return Pool(name="embedded_domains", train=splits["train"], test=splits["test"], num_classes=num_classes,
                 class_names=[f"glyph{k}" for k in range(num_classes)], domain_names=domain_names(num_domains),
-                mean=tuple(c.mean().item() for c in channels), std=tuple(c.std().item() for c in channels))
+                mean=mean, std=std)

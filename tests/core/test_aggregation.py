@@ -172,6 +172,8 @@ def test_the_refusal_is_one_line_and_exit_2_and_other_settings_are_accepted(caps
         assert load_config([*ok, "server.aggregator=median"]).server.aggregator == "median"
     with pytest.raises(ConfigError, match="server.trim_fraction"):
         load_config(["server.trim_fraction=0.5"])
+
+
 @pytest.mark.slow
 def test_checkpoint_states_gather_on_process_zero_only_through_host_memory(tmp_path):
     """Under NCCL (simulated: two gloo processes whose default backend reads 'nccl') the gather goes through a gloo
@@ -184,3 +186,4 @@ def test_checkpoint_states_gather_on_process_zero_only_through_host_memory(tmp_p
     assert zero["second"] == [[0], [1, 1]]
     assert one["first"] is None and one["second"] is None
     assert all(r["own_group"] and r["same_group"] and r["group_size"] == 2 for r in (zero, one))
+    assert not zero["group_outlives_destroy"] and not one["group_outlives_destroy"]

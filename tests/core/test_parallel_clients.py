@@ -24,7 +24,9 @@ from tests.helpers import (
 OPTIMIZERS = {
     "sgd": (),
     "momentum": ("optim.momentum=0.9", "optim.weight_decay=0.001"),
-    "adam": ("optim.name=adam", "optim.lr=0.003", "optim.weight_decay=0.0001"),
+    # lr 0.003 put this data's seed-0 run at a ReLU kink: the sequential loop on 1 and on 2 threads differed by 4e-4
+    # after one round (float reduction order, amplified), so no equality could hold; at 0.001 they agree within 3e-8
+    "adam": ("optim.name=adam", "optim.lr=0.001", "optim.weight_decay=0.0001"),
     "adamw": ("optim.name=adamw", "optim.lr=0.003", "optim.weight_decay=0.01"),
 }
 # unequal client sizes (Dirichlet), 2 epochs of batch 16 without drop_last: unequal step counts and short last batches

@@ -16,7 +16,7 @@ from fl.core import Split
 from fl.core.federated_data import images
 from fl.core.registry import register_dataset
 from fl.data import embedded, embedded_domains
-from fl.data.base import Pool, image_size_param
+from fl.data.base import Pool, image_size_param, pixel_stats
 from fl.data.cache import cache_mode, cached_images
 
 
@@ -52,9 +52,9 @@ def embedded_images(d: DictConfig) -> Pool:
                           fill=lambda i: embedded.generate(e.num_classes, e.samples_per_class, e.channels, size,
                                                            e.noise)[0])["train"]
         y = embedded.labels(e.num_classes, e.samples_per_class)
-    pixels = images(x).double().div(255).transpose(0, 1).flatten(1)  # per-channel statistics for normalisation
+    mean, std = pixel_stats(images(x))  # per-channel statistics for normalisation
     return Pool("embedded", Split(x, y), None, e.num_classes, [f"class{k}" for k in range(e.num_classes)],
-                mean=tuple(pixels.mean(1).tolist()), std=tuple(pixels.std(1).tolist()))
+                mean=mean, std=std)
 
 
 @dataclass
