@@ -32,11 +32,13 @@ from fl.report.groups import group_runs
 from fl.report.plots import all_figures
 from fl.report.runs import BadRun, load_run_dir
 from fl.reproduce.cells import Cell, make_cell
-from fl.reproduce.claims import cells_of, evaluate
+from fl.reproduce.claim_cells import cells_of
+from fl.reproduce.claims import evaluate
 from fl.reproduce.compare import column_view
+from fl.reproduce.paper import ROOT, SCALES, Paper, ReproduceError
 from fl.reproduce.plan import Plan, build_plan
 from fl.reproduce.render import Report, html_page, markdown, summary_lines
-from fl.reproduce.spec import ROOT, SCALES, Paper, ReproduceError, available_papers, load_paper
+from fl.reproduce.spec import available_papers, load_paper
 from fl.reproduce.timing import duration, paper_scale, twin_seconds
 from fl.sweep.runner import run_jobs
 
