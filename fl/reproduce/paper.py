@@ -68,6 +68,7 @@ class Table:
     columns: list[Column]
     rows: list[Row]
     notes: list[str]
+    baselines: list[str] = field(default_factory=list)  # the reference rows a twin is calibrated on (setting.py)
 
     @property
     def digits(self) -> int:

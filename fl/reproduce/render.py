@@ -26,6 +26,7 @@ class Report:
     claims: list[ClaimResult]
     left: list[str]                        # what is not run at this scale, one line each
     notes: list[str] = field(default_factory=list)   # runs that failed, were skipped or unreadable
+    setting: list[str] = field(default_factory=list)  # the Twin: line and a line per column (setting.py)
     figures: dict[str, list[tuple[str, Path]]] = field(default_factory=dict)   # table id -> fl.report's plots
 
 
@@ -86,7 +87,7 @@ def _skipped(result: ClaimResult) -> list[str]:
 
 def markdown(report: Report, images: bool = True) -> str:
     p = report.paper
-    out = [f"# {p.title} ({p.id}): reproduction at --scale {report.scale}", "",
+    out = [f"# {p.title} ({p.id}): reproduction at --scale {report.scale}", "", *report.setting, "",
            f"Paper: {p.source}. Seeds: {', '.join(map(str, report.seeds))}. Runs: fl.sweep's, under "
            f"`runs/` beside this file. UNRESOLVED: the seed spreads (mean ± std) overlap, or a cell has one seed. "
            f"HOLDS in k of n: held in k of the n columns (or rows) that exist at this scale and failed in none. The "
@@ -136,6 +137,7 @@ def html_page(report: Report) -> str:
            f"<style>{STYLE}\n.HOLDS{{color:#186a1e}}.FAILS{{color:#b00020}}.UNRESOLVED{{color:#8a6100}}"
            ".PARTIAL{{color:#4a6a1e}}</style>",
            f"</head><body><h1>{_esc(p.title)} ({_esc(p.id)}): reproduction at --scale {report.scale}</h1>",
+           *[f"<p>{_esc(line.removeprefix('- '))}</p>" for line in report.setting],
            f"<p>Paper: {_esc(p.source)}. Seeds: {', '.join(map(str, report.seeds))}. UNRESOLVED: the seed spreads "
            "(mean ± std) overlap, or a cell has one seed. HOLDS in k of n: held in k of the n columns (or rows) that "
            "exist at this scale and failed in none (fl/reproduce/claims.py).</p>"]

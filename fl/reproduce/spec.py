@@ -9,7 +9,9 @@ as printed ([mean, std]; std null where none is printed). A column may borrow th
 (`paper_column`): a harder twin of the same setting. A column without a sweep at a scale is not run there;
 `twin_note` / `real_note` say why (no config). `twin_budget` (false, or the rows to run) keeps a column's twin
 cells out of `--scale twin`'s time budget unless --every-cell; `twin_skip` (row -> why) names twin cells that cannot
-run at all (a data error measured on the twin). A table's metric may be replaced for a column or a row.
+run at all (a data error measured on the twin). A table's metric may be replaced for a column or a row. `baselines`
+names the table's reference rows (FedAvg and Local where it has them, else the paper's own baseline rows): the
+output's `Twin:` line sets their paper values beside the twin's (fl/reproduce/setting.py).
 
 Every mistake is a ReproduceError naming the file and the field.
 """
@@ -159,10 +161,14 @@ def _table(d: Any, where: str) -> Table:
                    if m not in {r.method for r in rows}]
         if unknown:
             raise ReproduceError(f"{where}.columns({c.id}): twin_budget / twin_skip name {unknown[0]!r}, not a row")
+    baselines = d.get("baselines", [])
+    if not isinstance(baselines, list) or any(b not in {r.method for r in rows} for b in baselines):
+        raise ReproduceError(f"{where}.baselines: expected a list of the table's rows (the reference baselines a twin "
+                             f"is calibrated on); rows: {', '.join(r.method for r in rows)}")
     seeds = d.get("paper_seeds")
     return Table(tid, _need(d, "caption", str, where), _need(d, "source", str, where), _need(d, "metric", str, where),
                  stat, unit, bool(d.get("lower_is_better", False)), select, seeds, str(d.get("paper_std", "")),
-                 columns, rows, [str(n) for n in d.get("notes", [])])
+                 columns, rows, [str(n) for n in d.get("notes", [])], list(baselines))
 
 
 def _claim(d: Any, where: str) -> Claim:
