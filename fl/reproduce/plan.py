@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fl.config import ARM, ConfigError
 from fl.reproduce.cells import CellKey
-from fl.reproduce.spec import Paper, ReproduceError, SweepRef, Table
+from fl.reproduce.paper import Paper, ReproduceError, SweepRef, Table
 from fl.sweep.runner import Job, check_reuse, plan_points
 from fl.sweep.spec import Sweep, expand, load_sweep
 

@@ -78,9 +78,6 @@ def format_summary(summary: dict) -> str:
         sel = summary["at_best_val"]
         picked = " ".join(f"{k}={v:.4f}" for k, v in sel.items() if k.startswith("test/target"))
         lines.append(f"selected by val/target_acc (round {sel['round']}): {picked}")
-    if "diverged" in summary:  # trainer.on_divergence=warn: the numbers above come from a diverged run
-        d = summary["diverged"]
-        lines.append(f"DIVERGED at client {d['client']}, round {d['round']}: {d['reason']}")
     recent = summary.get(last_key, {})
     per_round = [f"time {recent[TIME_KEY]:.2f} s"] if TIME_KEY in recent else []
     if COMM_KEYS[0] in recent and COMM_KEYS[1] in recent:
@@ -89,4 +86,7 @@ def format_summary(summary: dict) -> str:
         lines += ["", "diagnostics", "-" * len(head), *map(row, diagnostics)]
     if per_round:
         lines.append(f"per round (mean of the last {summary['last_k']} rounds): {', '.join(per_round)}")
+    if "diverged" in summary:  # last: the numbers above are a diverged run's (warn) or end where it stopped (stop)
+        d = summary["diverged"]
+        lines.append(f"DIVERGED at client {d['client']}, round {d['round']}: {d['reason']}")
     return "\n".join(lines)

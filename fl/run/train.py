@@ -1,9 +1,10 @@
 """`python -m fl.train [conf=NAME] [key=value ...]`: config -> data -> Fabric -> run directory -> the loop ->
 summary.
 
-Exit codes: 0 done, 1 a training fault (a non-finite loss, or a divergence under trainer.on_divergence=stop: then
-summary.json marks the run), 2 bad configuration or data (nothing written), 130 interrupted (a checkpoint of the last
-completed round was written; continue with resume=<run dir>).
+Exit codes: 0 done, 1 a training fault (a non-finite loss, or a divergence under trainer.on_divergence=stop: either
+way summary.json marks the run as diverged and the summary of the rounds before is printed), 2 bad configuration or
+data (nothing written), 130 interrupted (a checkpoint of the last completed round was written; continue with
+resume=<run dir>).
 """
 from __future__ import annotations
 
@@ -323,11 +324,13 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
     except TrainingFault as err:
         kept = (f"the last good checkpoint is {orch.ckpt_path}" if orch.ckpt_path.is_file() else
                 "no checkpoint was written yet")
-        if isinstance(err, Diverged) and fabric.is_global_zero:  # a finished run, marked: sweeps do not rerun it
-            write_summary(run_dir, run_summary(cfg, data, run_dir, orch.history, err.where, orch.stopped))
+        if err.where is not None and fabric.is_global_zero:  # an ended run, marked: sweeps do not rerun it
+            summary = run_summary(cfg, data, run_dir, orch.history, err.where, orch.stopped)
+            write_summary(run_dir, summary)
+            print(format_summary(summary))  # over the rounds before the stop; its last line says where it stopped
             kept += f"; {run_dir / 'summary.json'} marks the run as diverged" + (
                 f" (to train on regardless: python -m fl.train resume={run_dir} trainer.on_divergence=warn)"
-                if orch.ckpt_path.is_file() else "")
+                if isinstance(err, Diverged) and orch.ckpt_path.is_file() else "")
         return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1  # one message, not one per process
     except CallbackError as err:  # found at the first evaluation, e.g. an early-stopping metric the run lacks
         return _fail(f"{err} (run directory {run_dir})", 2) if fabric.is_global_zero else 2
