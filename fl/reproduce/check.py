@@ -118,7 +118,8 @@ def check(paper: Paper, record: Optional[str], runs: int, parallel: int) -> int:
     scratch = Path(tempfile.mkdtemp(prefix=f"fl-reproduce-check-{paper.id}-"))
     tables = [paper.table(command["table"])] if command.get("table") else paper.tables
     plan = build_plan(paper, tables, doc["scale"], list(doc["seeds"]), scratch / paper.id / doc["scale"],
-                      list(command.get("overrides", [])), bool(command.get("every_cell")))
+                      list(command.get("overrides", [])), bool(command.get("every_cell")),
+                      bool(command.get("baselines")))
     jobs = {run_key(j.run_dir): j for j in plan.jobs}
     difference = None
     for entry in chosen:

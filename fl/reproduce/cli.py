@@ -68,6 +68,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="list the runs and their projected time; run nothing")
     p.add_argument("--every-cell", action="store_true",
                    help="--scale twin: every twin cell, beyond the subset that fits the time budget")
+    p.add_argument("--baselines", action="store_true",
+                   help="only each table's reference baselines (FedAvg, Local, ...): the twin's calibration against "
+                        "the paper, in a few minutes (bench/calibrate_twins.py)")
     p.add_argument("--parallel", type=int, help="runs at once (default: the CPU count at twin scale, 1 at paper)")
     p.add_argument("--out", default="outputs/reproduce", help="writes OUT/<paper>/<scale>/")
     p.add_argument("--check", action="store_true",
@@ -84,7 +87,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         raise ReproduceError(f"give a paper ({', '.join(available_papers())}) or --all, not both")
     if args.all and args.table:
         raise ReproduceError("--table names a table of one paper; give the paper instead of --all")
-    if args.check and (args.all or args.dry_run or args.table or args.overrides or args.every_cell):
+    if args.check and (args.all or args.dry_run or args.table or args.overrides or args.every_cell or args.baselines):
         raise ReproduceError("--check re-runs a record's runs with the record's own settings; give only the paper, "
                              "--runs, --record and --parallel")
     if args.runs < 1:
@@ -222,7 +225,7 @@ def figures(paper: Paper, plan: Plan, runs: dict, out: Path) -> dict:
 def make_plan(paper: Paper, args: argparse.Namespace) -> Plan:
     tables = [paper.table(args.table)] if args.table else paper.tables
     return build_plan(paper, tables, args.scale, list(range(args.seeds)), out_dir(paper, args), args.overrides,
-                      args.every_cell)
+                      args.every_cell, args.baselines)
 
 
 def out_dir(paper: Paper, args: argparse.Namespace) -> Path:
@@ -251,7 +254,8 @@ def reproduce(paper: Paper, plan: Plan, args: argparse.Namespace) -> int:
     (out / "reproduce.md").write_text(markdown(report))
     (out / "reproduce.html").write_text(html_page(report))
     timings = write_timings(out / "timings.json", plan, start, load)
-    command = {"table": args.table, "seeds": seeds, "overrides": args.overrides, "every_cell": args.every_cell}
+    command = {"table": args.table, "seeds": seeds, "overrides": args.overrides, "every_cell": args.every_cell,
+               "baselines": args.baselines}
     write_json(out / "reproduce.json", report, results, command, run_records(plan, runs, results, paper, timings))
     print(markdown(report, images=False))
     print("\n".join(summary_lines(report)))
