@@ -34,7 +34,8 @@ def check_choice(key: str, value, table: dict) -> None:
     if why:
         raise ConfigError(f"{key}={value!r} cannot be used: {why}")
     if not isinstance(value, str) or value not in table:
-        raise ConfigError(choices_msg(key, value, table))
+        missing = registry.not_loaded(table)
+        raise ConfigError(choices_msg(key, value, table) + (f" ({missing})" if missing else ""))
 
 
 def _default_name(base: type) -> str:

@@ -90,24 +90,31 @@ def describe_module(module: str) -> str:
     return module_file(module)
 
 
-def one_line(err: BaseException) -> str:
-    """An import failure in one line: its type, message and where it happened (file:line of the innermost frame, or
-    of the syntax error)."""
+def one_line(err: BaseException, file: str) -> str:
+    """An import failure in one line: its type, message and where it happened (the line of the syntax error or of
+    the innermost frame; its file too when that is not `file`, the module's own)."""
     if isinstance(err, RegisteredTwice):
         return str(err)
     if isinstance(err, SyntaxError):
-        where = f" ({_short(err.filename)}, line {err.lineno})" if err.filename else ""
-        return f"{type(err).__name__}: {err.msg}{where}"
-    frames = traceback.extract_tb(err.__traceback__)
-    inner = next((f for f in reversed(frames) if "importlib" not in f.filename), None)
-    where = f" ({_short(inner.filename)}, line {inner.lineno})" if inner is not None else ""
-    text = (str(err).splitlines() or [""])[0][:200]
+        path, line, text = err.filename, err.lineno, err.msg
+    else:
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if "importlib" not in f.filename]
+        path, line = (frames[-1].filename, frames[-1].lineno) if frames else (None, None)
+        text = (str(err).splitlines() or [""])[0][:200]
+    where = "" if path is None else f" (line {line})" if _same(path, file) else f" ({_short(path)}, line {line})"
     return f"{type(err).__name__}: {text}{where}" if text else f"{type(err).__name__}{where}"
 
 
 def _short(path: str) -> str:
     rel = os.path.relpath(path) if os.path.isabs(path) else path
     return rel if not rel.startswith("..") else path
+
+
+def _same(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _warn(failure: Failure, err: Exception) -> None:
@@ -134,7 +141,8 @@ def guarded_import(module: str, tables: dict[str, dict]) -> bool:
             ORIGINS.pop((kind, n), None)
         if isinstance(err, RegisteredTwice):
             CONTESTED.setdefault((err.kind, err.name), [err.first or "?"]).append(module)
-        FAILED[module] = Failure(module, module_file(module), one_line(err), names)
+        file = module_file(module)
+        FAILED[module] = Failure(module, file, one_line(err, file), names)
         _warn(FAILED[module], err)
         return False
 
@@ -176,8 +184,9 @@ def import_named(module: str, tables: dict[str, dict]) -> None:
 
 
 def unavailable(kind: str, name: str, table: dict) -> Optional[str]:
-    """Why `name` cannot be selected from `table` (its kind's), when a module meant to register it: the module
-    failed, or two modules registered it; None when nothing is known against it."""
+    """Why `name` cannot be selected from `table` (its kind's) when a module meant to register it: two modules
+    registered it, the module that registered it failed, or a failed module is named like it; None when nothing is
+    known against it."""
     if (kind, name) in CONTESTED:
         first, *others = CONTESTED[(kind, name)]
         files = ", ".join(describe_module(m) for m in others)
@@ -188,13 +197,15 @@ def unavailable(kind: str, name: str, table: dict) -> Optional[str]:
             return f"{failure.file} registers it but failed to import: {failure.error}"
     if name in table:
         return None
+    named = [f for f in FAILED.values() if might_register(f.module, kind)
+             and (f.module.rsplit(".", 1)[-1] == name or Path(f.file).parent.name == name)]
+    return f"{named[0].file} failed to import: {named[0].error}" if named else None
+
+
+def not_loaded(kind: str) -> str:
+    """The failed modules that may have registered something of `kind`, for the message naming the choices."""
     suspects = [f for f in FAILED.values() if might_register(f.module, kind)]
-    named = [f for f in suspects if f.module.rsplit(".", 1)[-1] == name or Path(f.file).parent.name == name]
-    if named:
-        return f"{named[0].file} failed to import: {named[0].error}"
-    if suspects:
-        return "not loaded: " + "; ".join(f"{f.file} ({f.error})" for f in suspects[:3])
-    return None
+    return "; ".join(f"{f.file} failed to import ({f.error})" for f in suspects[:3])
 
 
 def might_register(module: str, kind: str) -> bool:

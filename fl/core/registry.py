@@ -161,8 +161,16 @@ def load_plugins() -> None:
 def unavailable(table: dict, name: str) -> Optional[str]:
     """Why `name` cannot be selected from `table` although a module meant to register it (it failed to import, or
     two modules registered the name), in words naming the file; None when nothing is known against it."""
-    kind = next(k for k, t in TABLES.items() if t is table)
-    return plugins.unavailable(kind, name, table)
+    return plugins.unavailable(_kind(table), name, table)
+
+
+def not_loaded(table: dict) -> str:
+    """The files that failed to import and may have registered into `table` ("" when none did)."""
+    return plugins.not_loaded(_kind(table))
+
+
+def _kind(table: dict) -> str:
+    return next(k for k, t in TABLES.items() if t is table)
 
 
 def import_plugins(modules: list[str]) -> None:
