@@ -30,6 +30,7 @@ class MethodSpec:
     server_cls: type
     resolve: Optional[Callable] = None  # (cfg) -> None: validate / normalise the method block, raise ConfigError
     headline: Optional[str] = None  # the metric its paper leads with; baselines are read on their setting's
+    needs: tuple[str, ...] = ()  # overrides any run of it needs beyond the defaults (a target, a public set, ...)
 
 
 @dataclass
@@ -97,8 +98,11 @@ def _registering_module() -> str:
 
 
 def register_method(name: str, config_cls: type, client_cls: type, server_cls: type,
-                    resolve: Optional[Callable] = None, headline: Optional[str] = None) -> None:
-    _add("method", name, MethodSpec(name, config_cls, client_cls, server_cls, resolve, headline))
+                    resolve: Optional[Callable] = None, headline: Optional[str] = None,
+                    needs: tuple[str, ...] = ()) -> None:
+    """`needs`: the overrides any run of the method needs beyond the defaults, e.g. ("model.norm=batch",): its --help
+    shows them, and the shared tests run it with them."""
+    _add("method", name, MethodSpec(name, config_cls, client_cls, server_cls, resolve, headline, tuple(needs)))
 
 
 def _registrar(kind: str):

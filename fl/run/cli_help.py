@@ -125,6 +125,9 @@ def method_help(name: str, values=None) -> str:
         raise ConfigError(choices_msg("method.name", name, registry.METHODS))
     spec = registry.METHODS[name]
     lines = [f"method.name={name}: {method_description(spec)}",
-             f"headline metric: {spec.headline or 'test/acc_mean_clients'}", "", "hyperparameters:"]
+             f"headline metric: {spec.headline or 'test/acc_mean_clients'}"]
+    if spec.needs:
+        lines.append(f"needs: {' '.join(spec.needs)} (or other values of these keys)")
+    lines += ["", "hyperparameters:"]
     lines += settings_lines("method", spec.config_cls, values)
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """Aggregation of uploads: the streamed float64 weighted sum behind the FedAvg average (fl/core/exchange.py), the
 server's aggregate hook with the aggregators `server.aggregator.name` chooses (fl/aggregators/, computing with
 fl/core/aggregation.py): hand computations and closed forms, the default path unchanged, equalities between code
-paths, resume, 1 and 2 processes, refusals; and the checkpoint's gather of client states on process 0."""
+paths, resume, refusals; and the checkpoint's gather of client states on process 0. Every aggregator's resume and 1 vs
+2 processes (bit for bit): tests/core/test_conformance.py."""
 import math
 
 import pytest
@@ -17,8 +18,6 @@ from tests.helpers import (
     ROOT,
     global_params,
     interrupted_and_resumed,
-    load_ckpt,
-    one_and_two_processes,
     read_metrics,
     record_uploads,
     run_cli,
@@ -276,26 +275,6 @@ def test_a_median_run_resumes_exactly(out, monkeypatch):
     assert read_metrics(cut) == read_metrics(full)
     ga, gb = global_params(full), global_params(cut)
     assert all(torch.equal(ga[k], gb[k]) for k in ga)
-
-
-def robust_aggregators() -> list[str]:
-    """Every registered aggregator that keeps the uploads, from the registry: a new one is tested too (the streamed
-    mean's 1 vs 2 processes: tests/core/test_loop.py)."""
-    registry.load_plugins()
-    return sorted(n for n, a in registry.AGGREGATORS.items() if not a.streams and a.fn.__module__.startswith("fl."))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("aggregator", robust_aggregators())
-def test_robust_aggregators_on_one_and_two_processes_give_the_same_run(out, aggregator):
-    """Every process gathers every upload in client order and aggregates them alike: bitwise the same global model
-    on 1 and 2 processes (7 clients, 4 a round: 3 on one process, 1 on the other in some rounds)."""
-    one, two = one_and_two_processes(out, f"server.aggregator.name={aggregator}", "trainer.rounds=3",
-                                     "data.num_clients=7", "trainer.participation=0.6", "model.norm=batch",
-                                     *ROBUST_SETTINGS.get(aggregator, ()))
-    assert read_metrics(one) == read_metrics(two)
-    ga, gb = load_ckpt(one)["server"]["global_params"], load_ckpt(two)["server"]["global_params"]
-    assert ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga)
 
 
 @pytest.mark.parametrize("method", ["confree", "fedpals", "fedacd", "fedas", "fedmosaic", "local"])
