@@ -38,7 +38,7 @@ class RegisteredTwice(KeyError):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.name!r} is registered twice" + (
-            f" (first by {describe_module(self.first)})" if self.first else "")
+            f" (first by {module_file(self.first)})" if self.first else "")
 
 
 class PluginNotFound(ImportError):
@@ -78,16 +78,7 @@ def module_file(module: str) -> str:
         except Exception:  # a parent package that itself fails to import
             spec = None
         path = spec.origin if spec is not None and spec.origin not in (None, "built-in") else None
-    if path is None:
-        return module
-    try:
-        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
-    except ValueError:  # another drive (Windows)
-        return path
-
-
-def describe_module(module: str) -> str:
-    return module_file(module)
+    return module if path is None else _short(path)
 
 
 def one_line(err: BaseException, file: str) -> str:
@@ -106,7 +97,11 @@ def one_line(err: BaseException, file: str) -> str:
 
 
 def _short(path: str) -> str:
-    rel = os.path.relpath(path) if os.path.isabs(path) else path
+    """`path` relative to the working directory when under it, else as it is."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return path
     return rel if not rel.startswith("..") else path
 
 
@@ -189,8 +184,8 @@ def unavailable(kind: str, name: str, table: dict) -> Optional[str]:
     known against it."""
     if (kind, name) in CONTESTED:
         first, *others = CONTESTED[(kind, name)]
-        files = ", ".join(describe_module(m) for m in others)
-        return (f"{kind} {name!r} is registered twice, by {describe_module(first)} and by {files} (skipped); "
+        files = ", ".join(module_file(m) for m in others)
+        return (f"{kind} {name!r} is registered twice, by {module_file(first)} and by {files} (skipped); "
                 "rename one of them")
     for failure in FAILED.values():
         if (kind, name) in failure.names:

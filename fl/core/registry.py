@@ -79,10 +79,9 @@ TABLES: dict[str, dict] = {"method": METHODS, "dataset": DATASETS, "partition": 
                            "evaluator": EVALUATORS, "augmentation": AUGMENTATIONS}
 
 
-def _add(kind: str, name: str, obj) -> None:
-    """Enter `obj` under `name`; the module registering it is its origin (frames: _add, the registrar, the
-    decorator or the module body)."""
-    table = TABLES[kind]
+def _add(table: dict, kind: str, name: str, obj) -> None:
+    """Enter `obj` under `name` in `table`; the module registering it is its origin (the first frame up the stack
+    outside this module: the plug-in file's body)."""
     if name in table:
         raise plugins.RegisteredTwice(kind, name, plugins.origin(kind, name))
     table[name] = obj
@@ -102,48 +101,48 @@ def register_method(name: str, config_cls: type, client_cls: type, server_cls: t
                     needs: tuple[str, ...] = ()) -> None:
     """`needs`: the overrides any run of the method needs beyond the defaults, e.g. ("model.norm=batch",): its --help
     shows them, and the shared tests run it with them."""
-    _add("method", name, MethodSpec(name, config_cls, client_cls, server_cls, resolve, headline, tuple(needs)))
+    _add(METHODS, "method", name, MethodSpec(name, config_cls, client_cls, server_cls, resolve, headline, tuple(needs)))
 
 
-def _registrar(kind: str):
+def _registrar(table: dict, kind: str):
     def register(name: str):
         def deco(obj):
-            _add(kind, name, obj)
+            _add(table, kind, name, obj)
             return obj
         return deco
     return register
 
 
-def _settings_registrar(kind: str, plugin: type = DataPlugin):
+def _data_registrar(table: dict, kind: str, plugin: type = DataPlugin):
     def register(name: str, settings: type = NoSettings, **extra):
         if not is_dataclass(settings):
             raise TypeError(f"{kind} {name!r}: its settings must be a dataclass of param(...) fields, got {settings!r}")
 
         def deco(fn):
-            _add(kind, name, plugin(name, fn, settings, **extra))
+            _add(table, kind, name, plugin(name, fn, settings, **extra))
             return fn
         return deco
     return register
 
 
 # @register_dataset(name, Settings): fn(d) -> Pool, d the `data` block (its keys and the dataset's settings, data.*)
-register_dataset = _settings_registrar("dataset")
+register_dataset = _data_registrar(DATASETS, "dataset")
 # @register_partition(name, Settings): fn(candidates, num_clients, s, rng) -> one array of positions per client,
 # s the `data.partition` block (fl/data/partitions/__init__.py)
-register_partition = _settings_registrar("partition")
+register_partition = _data_registrar(PARTITIONS, "partition")
 # @register_client_transform(name, Settings[, batch=fn]): fn(x, client, num_clients, seed, s) -> x, s the
 # `data.client_transform` block; batch(x, owner, num_clients, s) -> x (fl/data/client_transforms/__init__.py)
-register_client_transform = _settings_registrar("client transform")
+register_client_transform = _data_registrar(CLIENT_TRANSFORMS, "client transform")
 # @register_aggregator(name, Settings[, streams=True][, check=fn]): fn(uploads, start, s) -> the new shared parameters
 # (AggregatorPlugin; fl/aggregators/__init__.py)
-register_aggregator = _settings_registrar("aggregator", AggregatorPlugin)
-register_model = _registrar("model")
-register_augmentation = _registrar("augmentation")
+register_aggregator = _data_registrar(AGGREGATORS, "aggregator", AggregatorPlugin)
+register_model = _registrar(MODELS, "model")
+register_augmentation = _registrar(AUGMENTATIONS, "augmentation")
 
 
 def register_evaluator(cls: type) -> type:
     """Class decorator: an Evaluator subclass under its `name` (fl/core/evaluation.py)."""
-    return _registrar("evaluator")(cls.name)(cls)
+    return _registrar(EVALUATORS, "evaluator")(cls.name)(cls)
 
 
 def discover(package: str) -> None:

@@ -277,6 +277,29 @@ def test_a_median_run_resumes_exactly(out, monkeypatch):
     assert all(torch.equal(ga[k], gb[k]) for k in ga)
 
 
+@pytest.mark.parametrize("arg, said", [
+    ("server.aggregator=median", "server.aggregator is a group now; write server.aggregator.name='median'"),
+    ("server.trim_fraction=0.2", "server.trim_fraction moved to server.aggregator.trim_fraction"),
+])
+def test_the_old_spellings_are_refused_naming_the_new_ones(arg, said, capsys, tmp_path):
+    assert main([arg]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: command line: {said}\n"
+    conf = tmp_path / "old.yaml"
+    key, value = arg.split("=")
+    conf.write_text(f"include: [quickstart]\nserver:\n  {key.split('.')[1]}: {value}\n")
+    with pytest.raises(ConfigError, match=f"^{conf}: {said}"):
+        load_config([f"conf={conf}"])
+
+
+def test_an_aggregators_setting_belongs_to_it():
+    with pytest.raises(ConfigError, match=r"^unknown key 'server.aggregator.f': server.aggregator.f is a setting of "
+                                          r"server.aggregator.name=krum, not of server.aggregator.name='median'"):
+        load_config(["server.aggregator.name=median", "server.aggregator.f=1"])
+    with pytest.raises(ConfigError, match=r"^server.aggregator.name='krun' is not valid; did you mean 'krum'\?"):
+        load_config(["server.aggregator.name=krun"])
+
+
 @pytest.mark.parametrize("method", ["confree", "fedpals", "fedacd", "fedas", "fedmosaic", "local"])
 def test_methods_whose_aggregation_is_their_own_refuse_another(method):
     with pytest.raises(ConfigError, match=r"server.aggregator.name='median' cannot apply to method.name="):

@@ -47,7 +47,9 @@ def registration(package: str, name: str) -> str:
 
 @pytest.fixture
 def isolated_registry(monkeypatch):
-    """The tables, the failure records and the modules as they were: what a test drops in is gone afterwards."""
+    """The tables, the failure records and the modules as they were: what a test drops in (zz_*) is gone
+    afterwards."""
+    registry.load_plugins()  # the package's own first, so that they are what is restored
     saved, modules = {kind: dict(table) for kind, table in registry.TABLES.items()}, set(sys.modules)
     monkeypatch.setattr(plugins, "FAILED", {})
     monkeypatch.setattr(plugins, "CONTESTED", {})
@@ -55,8 +57,9 @@ def isolated_registry(monkeypatch):
     for kind, table in registry.TABLES.items():
         table.clear()
         table.update(saved[kind])
-    for name in set(sys.modules) - modules:
-        del sys.modules[name]
+    for name in set(sys.modules) - modules:  # the files dropped in (a run imports libraries, which stay)
+        if name.rsplit(".", 1)[-1].startswith("zz_"):
+            del sys.modules[name]
 
 
 def drop_in(tmp: Path, monkeypatch, package: str, file: str, text: str) -> Path:
