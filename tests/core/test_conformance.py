@@ -90,8 +90,8 @@ def test_every_data_plugin_runs_a_round_and_builds_the_same_clients_twice(out, k
 
 
 # ---- 1 vs 2 processes ------------------------------------------------------------------------------------------------
-TWO = ("trainer.rounds=2", "data.num_clients=5", "trainer.participation=0.6", "fabric.cpu_threads=1",
-       "data.embedded.samples_per_class=16")  # 3 clients a round: 2 on one process, 1 on the other
+TWO = ("trainer.rounds=2", "data.num_clients=4", "trainer.participation=0.75", "fabric.cpu_threads=1",
+       "data.embedded.samples_per_class=16")  # SMALL's 4 clients, 3 a round: 2 on one process, 1 on the other
 
 
 def every_run(out) -> dict[str, tuple[tuple[str, ...], bool]]:
