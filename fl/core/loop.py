@@ -397,7 +397,9 @@ class Orchestrator:
         state = self.store.get(cid)
         optimizer = self.fabric.setup_optimizers(m.configure_optimizers())
         if m.keep_optimizer_state and state is not None and "optimizer" in state:
-            optimizer.load_state_dict(state["optimizer"])
+            # a copy: on the CPU load_state_dict keeps the stored tensors, and the steps below would change them in
+            # place, so a checkpoint of the round before (a Ctrl-C mid-round) would hold this round's moments
+            optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
             for group in optimizer.param_groups:  # the stored lr is last round's; the schedule sets this one's
                 group["lr"] = m.lr
         t = self.cfg.trainer

@@ -277,8 +277,9 @@ def check_data(plan: Plan) -> None:
         if job.finished or key in seen:
             continue
         seen.add(key)
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # plugins= may need it
         proc = subprocess.run([sys.executable, "-m", "fl.data.show", *argv], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              env={**os.environ, "PYTHONPATH": path})
         if proc.returncode != 0:
             lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
             raise ReproduceError((lines[-1] if lines else f"fl.data.show exited {proc.returncode}").removeprefix(

@@ -18,8 +18,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fl.config import CONF_DIR, ConfigError, config_diff, expand_arms, load_config, to_yaml
-from fl.config.blocks import data_choices
-from fl.config.load import ABSENT, added_key_message
+from fl.config.blocks import plugin_choices
+from fl.config.load import ABSENT, added_key_message, import_argv_plugins
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
 from fl.core.callbacks import CallbackError, make_callbacks
 from fl.core.exchange import gather_objects
@@ -205,11 +205,12 @@ def print_only(argv: list[str]) -> int | None:
         i = argv.index("--list") if "--list" in argv else None
         kind = argv[i + 1] if i is not None and i + 1 < len(argv) else (
             "" if i is not None else next(a for a in argv if a.startswith("--list=")).split("=", 1)[1])
+        import_argv_plugins([a for a in argv if "=" in a and not a.startswith("--list=")])  # plugins=, conf='s
         print(list_items(kind))
         return 0
     rest = [a for a in argv if a not in ("-h", "--help", "--print-config")]
     if "-h" in argv or "--help" in argv:
-        blocks = [b for b, _, _ in data_choices() if any(a.startswith(f"{b}.name=") for a in rest)]
+        blocks = [b for b, _, _ in plugin_choices() if any(a.startswith(f"{b}.name=") for a in rest)]
         named = any(a.startswith(("method.name=", "conf=")) for a in rest) or blocks
         cfg = load_config(rest, check=False) if named else None  # no target etc. needed to read it
         shown = [data_plugin_help(b, OmegaConf.select(cfg, f"{b}.name"), OmegaConf.select(cfg, b)) for b in blocks]

@@ -11,13 +11,14 @@ import pytest
 FL = Path(__file__).resolve().parents[2] / "fl"
 
 # package -> the packages it may import. core is the engine and imports nothing of fl; methods, datasets,
-# models and evaluators plug into it through its registry.
+# models, evaluators and aggregators plug into it through its registry.
 ALLOWED = {
     "core": set(),
     "config": {"core"},
     "data": {"core", "config"},
     "models": {"core", "config"},
     "metrics": {"core", "config"},
+    "aggregators": {"core", "config"},
     "methods": {"core", "config", "metrics"},
     "report": set(),
     "sweep": {"core", "config", "report"},
