@@ -2,6 +2,10 @@
 does the work)."""
 import sys
 
+from fl.run.cpu_threads import sleep_at_barriers
+
+sleep_at_barriers()  # before torch loads (fl/run/cpu_threads.py): OpenMP reads it once
+
 
 def entry() -> int:
     """Ctrl-C while torch and Lightning import ends quietly, as it does later."""
