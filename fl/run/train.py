@@ -38,6 +38,7 @@ from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
 from fl.run.cli_help import USAGE, data_plugin_help, list_items, method_help
 from fl.run.determinism import deterministic_algorithms
+from fl.run.lightning_import import import_lightning
 from fl.run.preflight import print_client_notes
 from fl.run.progress import RoundProgress, format_summary, round_label
 from fl.run.run_dir import RUN_DIR_ENV, launched_run_dir, log_partition, planned_run_dir, prepare_run_dir, write_summary
@@ -183,6 +184,7 @@ def run_summary(cfg: DictConfig, data, run_dir: Path, history: list[dict], diver
 
 
 def make_fabric(cfg: DictConfig, callbacks: list, loggers: list) -> Fabric:
+    import_lightning()  # Lightning loads with the first Fabric, without torchvision and scipy.signal
     from lightning.fabric import Fabric
     from lightning.fabric.plugins.precision import MixedPrecision
 

@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 from fl.config import ConfigError, load_config
 from fl.report.aliases import current_names
 from fl.report.runs import flatten
+from fl.run.cpu_threads import env_for_one_of
 from fl.sweep.run_lock import release, try_lock
 from fl.sweep.spec import Sweep, expand, grid_values, load_sweep, make_sweep, point_args
 
@@ -108,7 +109,9 @@ def run_jobs(sweep: Optional[Sweep], jobs: list[Job], extra: list[str], parallel
         logs.mkdir(parents=True, exist_ok=True)
     running: list[tuple[Job, subprocess.Popen, float, object, Optional[int]]] = []
     failed, waiting = [], set()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stdout and stderr reach the log in the order they were written
+    # each run's share of the cores, OpenMP threads that sleep at barriers (fl/run/cpu_threads.py); stdout and stderr
+    # reach the log in the order they were written
+    env = {**env_for_one_of(min(parallel, max(1, len(todo)))), "PYTHONUNBUFFERED": "1"}
     env.pop("FL_RUN_DIR", None)
     if todo:
         shown = str(folders[0]) if len(folders) == 1 else "<sweep dir>/logs"

@@ -21,8 +21,9 @@ ALLOWED = {
     "aggregators": {"core", "config"},
     "methods": {"core", "config", "metrics"},
     "report": set(),
-    "sweep": {"core", "config", "report"},
-    "reproduce": {"config", "sweep", "report"},  # fl.reproduce: the papers' tables through fl.sweep and fl.report
+    # fl.sweep and fl.reproduce start runs: they take run's thread policy for them (fl/run/cpu_threads.py)
+    "sweep": {"core", "config", "report", "run"},
+    "reproduce": {"config", "sweep", "report", "run"},  # fl.reproduce: the papers' tables through fl.sweep, fl.report
     "run": {"core", "config", "data", "report"},
     "train": {"run"},  # fl/train.py and fl/__main__.py: the entry point
 }
