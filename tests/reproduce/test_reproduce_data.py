@@ -63,6 +63,19 @@ def test_the_twin_budget_runs_a_subset_and_names_what_it_leaves(name, tmp_path):
         assert not paper.table(key.table).column(key.column).in_budget(key.row)
 
 
+@pytest.mark.parametrize("name", PAPERS)
+def test_baselines_plans_exactly_the_reference_baseline_cells_of_the_budget(name, tmp_path):
+    """--baselines (bench/calibrate_twins.py): the budget's cells whose row is a table's reference baseline, with
+    the same runs, and no other row's."""
+    paper = load_paper(name)
+    budget = build_plan(paper, paper.tables, "twin", [0], tmp_path, [])
+    calibration = build_plan(paper, paper.tables, "twin", [0], tmp_path, [], baselines_only=True)
+    want = {k: v for k, v in budget.cells.items() if k.row in paper.table(k.table).baselines}
+    assert want and {k: [j.run_dir for j in v] for k, v in calibration.cells.items()} == {
+        k: [j.run_dir for j in v] for k, v in want.items()}
+    assert all(k.row in paper.table(k.table).baselines for k in calibration.not_run)
+
+
 def resolved(sweep_file: str, where: dict | None = None, seeds=(None,)) -> set[str]:
     sweep = load_sweep(ROOT / sweep_file)
     seeds = [int(s) for s in sweep.params["seed"]["values"]] if "seed" in sweep.params else list(seeds)
