@@ -52,5 +52,6 @@ class EvalContext(RoundContext):
         evaluation (it loads the global model; every process must call it) and reused by the later ones. A new
         context is made every round, and `dataclasses.replace` (the validation view) starts without them."""
         if self._pooled is None or self._pooled.split is not self.data.pooled_test():
-            self._pooled = score_pooled(self)
+            self._pooled = score_pooled(self.fabric, self.module, self.data.pooled_test(), self.load_client,
+                                        self.cfg.trainer.eval_batch_size)
         return self._pooled

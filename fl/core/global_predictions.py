@@ -3,17 +3,14 @@ global-model evaluators and every client whose evaluated model is the global mod
 the same images with the same parameters again (fl/core/evaluation.py)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from fl.core.client import ClientModule
 from fl.core.federated_data import Split
-
-if TYPE_CHECKING:
-    from fl.core.context import EvalContext
 
 
 @dataclass
@@ -23,14 +20,13 @@ class PooledPredictions:
     labels: Tensor  # [N] the true labels, on the same device
 
 
-def score_pooled(ctx: EvalContext) -> PooledPredictions:
-    """The global model (cid -1) loaded and scored on `ctx.data.pooled_test()`: each process scores batches rank,
-    rank + world, ... of trainer.eval_batch_size, as the pooled pass always split it, and the predictions are summed
-    across processes (each row is scored on exactly one), so every process holds all of them."""
-    fabric, m = ctx.fabric, ctx.module
-    split = ctx.data.pooled_test()
-    ctx.load_client(-1)
-    bs, rank, world = ctx.cfg.trainer.eval_batch_size, fabric.global_rank, fabric.world_size
+def score_pooled(fabric, m: ClientModule, split: Split, load_client: Callable[[int], None],
+                 batch_size: int) -> PooledPredictions:
+    """The global model (cid -1, loaded into `m` by `load_client`) scored on the pooled test set `split`: each
+    process scores batches rank, rank + world, ... of `batch_size`, as the pooled pass always split it, and the
+    predictions are summed across processes (each row is scored on exactly one), so every process holds all of them."""
+    load_client(-1)
+    bs, rank, world = batch_size, fabric.global_rank, fabric.world_size
     preds = torch.zeros(len(split), dtype=torch.int64, device=fabric.device)
     for t, (logits, _) in enumerate(m.eval_pass(split, batch_size=bs, start=rank, stride=world)):
         begin = (rank + t * world) * bs

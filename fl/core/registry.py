@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, is_dataclass
 from typing import Optional
 
-from fl.core import plugins
+import fl.core.plugins as plugins
 
 PLUGIN_PACKAGES = ("fl.data", "fl.models", "fl.metrics", "fl.aggregators", "fl.methods")
 

@@ -7,7 +7,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from fl.core import registry
+import fl.core.registry as registry
 from fl.core.aggregation import Uploads
 from fl.core.client import ClientModule, Upload
 from fl.core.context import RoundContext
