@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+from fl.core import registry
+
 
 def param(default: Any, *, ge=None, gt=None, le=None, lt=None, choices=None, search=None, help: str = ""):
     """A dataclass field with validation metadata.
@@ -278,6 +280,11 @@ class Config:
     callbacks: list = param([], help="user callbacks (fl.core.Callback subclasses), called in this order: "
                             "[{class: pkg.module.Class, <its keyword arguments>}, ...]")
     resume: Optional[str] = param(None, help="run directory to continue from its last checkpoint")
+
+
+# A data plug-in's settings may not take the name of one of these keys (registration refuses it, naming both).
+registry.SHARED_KEYS.update({kind: frozenset(f.name for f in fields(base)) for kind, base in (
+    ("dataset", DataConfig), ("partition", PartitionConfig), ("client transform", ClientTransformConfig))})
 
 
 def search_spaces(method_cls) -> dict[str, dict]:
