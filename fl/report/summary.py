@@ -30,17 +30,17 @@ def summarize_history(history: list[dict], last_k: int) -> dict:
             if isinstance(value, float) and math.isnan(value):
                 continue
             series.setdefault(key, []).append((row["round"], float(value)))
-    final, best, best_round, last, spread = {}, {}, {}, {}, {}
+    final, best, best_round, last, spread, counted = {}, {}, {}, {}, {}, {}
     for key, points in series.items():
         final[key] = points[-1][1]
         values = [v for _, v in points]
         v = max(values) if higher_is_better(key) else min(values)
         best[key], best_round[key] = v, points[values.index(v)][0]
         tail = values[-last_k:]
-        last[key] = sum(tail) / len(tail)
+        last[key], counted[key] = sum(tail) / len(tail), len(tail)
         spread[key] = math.sqrt(sum((v - last[key]) ** 2 for v in tail) / len(tail))
     out = {"final": final, "best": best, "best_round": best_round, f"mean_last_{last_k}": last,
-           f"std_last_{last_k}": spread, "last_k": last_k}
+           f"std_last_{last_k}": spread, f"count_last_{last_k}": counted, "last_k": last_k}
     at_best = {}  # model selection: the test metrics at each validation metric's best round
     for key in (k for k in series if k.startswith("val/")):
         row = next(r for r in history if r["round"] == best_round[key])

@@ -122,7 +122,9 @@ def method_help(name: str, values=None) -> str:
     if name not in registry.METHODS:
         raise ConfigError(choices_msg("method.name", name, registry.METHODS))
     spec = registry.METHODS[name]
+    own = settings_lines("method", spec.config_cls, values)
     lines = [f"method.name={name}: {method_description(spec)}",
-             f"headline metric: {spec.headline or 'test/acc_mean_clients'}", "", "hyperparameters:"]
-    lines += settings_lines("method", spec.config_cls, values)
+             f"headline metric: {spec.headline or 'test/acc_mean_clients'}", "",
+             "hyperparameters:" if own else "hyperparameters: none of its own (it trains with the keys every method "
+             "takes: optim.*, trainer.*, server.*; python -m fl.train --help)", *own]
     return "\n".join(lines)

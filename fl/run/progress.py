@@ -58,20 +58,27 @@ class RoundProgress:
 
 
 def format_summary(summary: dict) -> str:
-    """metric | final | best (round, 0-based as in the files) | mean of last K: first the method's headline metric
-    (summary["headline"], else the mean client accuracy), the standard accuracies and the training loss; then,
-    under "diagnostics", the other test metrics and the round's time and communication."""
+    """metric | final | best (round, 0-based as in the files) | mean of the last values: first the method's headline
+    metric (summary["headline"], else the mean client accuracy), the standard accuracies and the training loss; then,
+    under "diagnostics", the other test metrics and the round's time and communication. The last column is labelled
+    with how many values it averages (trainer.last_k, or fewer when fewer were logged: `last 3` after 3 evaluations);
+    when the rows average different counts, a `k` column gives each row's."""
     final, last_key = summary["final"], f"mean_last_{summary['last_k']}"
+    counts = summary.get(f"count_last_{summary['last_k']}", {})  # absent in summaries written before it was kept
     first = summary.get("headline") or DEFAULT_METRIC
     tested = [k for k in final if k.startswith("test/")]
     main = [k for k in dict.fromkeys([first, *(k for k in tested if k in STANDARD_KEYS), "train/loss"]) if k in final]
     diagnostics = [k for k in tested if k not in main]
     width = max([len(k) for k in main + diagnostics] + [6])
-    head = f"{'metric':<{width}}  {'final':>8}  {'best':>8}  {'@round':>6}  {'last ' + str(summary['last_k']):>8}"
+    shown = {counts.get(k, summary["last_k"]) for k in main + diagnostics}
+    label = f"last {shown.pop()}" if len(shown) == 1 else "last k"
+    head = f"{'metric':<{width}}  {'final':>8}  {'best':>8}  {'@round':>6}  {label:>8}" + (
+        "    k" if label == "last k" else "")
 
     def row(k: str) -> str:
         return (f"{k:<{width}}  {final[k]:>8.4f}  {summary['best'][k]:>8.4f}  {summary['best_round'][k]:>6}  "
-                f"{summary[last_key][k]:>8.4f}")
+                f"{summary[last_key][k]:>8.4f}" + (f"  {counts.get(k, summary['last_k']):>3}" if label == "last k"
+                                                   else ""))
 
     lines = [head, "-" * len(head), *map(row, main)]
     if "at_best_val" in summary:  # model selection on the target validation set
@@ -88,5 +95,6 @@ def format_summary(summary: dict) -> str:
     if diagnostics or per_round:
         lines += ["", "diagnostics", "-" * len(head), *map(row, diagnostics)]
     if per_round:
-        lines.append(f"per round (mean of the last {summary['last_k']} rounds): {', '.join(per_round)}")
+        n = counts.get(TIME_KEY, counts.get(COMM_KEYS[0], summary["last_k"]))
+        lines.append(f"per round (mean of the last {n} round{'s' if n != 1 else ''}): {', '.join(per_round)}")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,7 +62,16 @@ def _twin_hint(argv: list[str]) -> str:
 
 def check_model(cfg: DictConfig, data) -> None:
     """Build the model (pretrained weights included) and pass two training inputs through it before anything is
-    written, so a model that cannot take the data's inputs is a configuration error, not a traceback."""
+    written, so a model that cannot take the data's inputs is a configuration error, not a traceback. The warnings
+    torch gives on the way are shown only when the model works: for inputs too small for it, a zero-sized layer's
+    "Initializing zero-element tensors" would stand before the one-line error that says why."""
+    with warnings.catch_warnings(record=True) as caught:  # the filters in force decide what is recorded
+        _check_model(cfg, data)
+    for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+def _check_model(cfg: DictConfig, data) -> None:
     m = cfg.model
     try:
         model = build_model(cfg, data.input_shape, data.num_classes)

@@ -304,6 +304,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     print(f"sweep {sweep.name}: {sweep.requested_method} over {', '.join(k for k in sweep.params if k != 'seed')}"
           f"; {len(jobs) // len(seeds)} points x {len(seeds)} seeds = {len(jobs)} runs in {out}")
+    seeded = " seed=<seed>" if seeds != [None] else ""
+    print(f"each run: python -m fl.train {' '.join(sweep.fixed_args)} <the point's parameters>{seeded} "
+          f"{' '.join(args.overrides)}".rstrip())  # the overrides after the point's: they win, as in train_argv
     if args.dry_run:
         for job in jobs:
             print(f"  {job.run_dir.name}  {' '.join(point_args(job.point))}  {'(finished)' if job.finished else ''}")

@@ -222,6 +222,18 @@ def test_make_writes_a_valid_sweep_file_from_declared_ranges(tmp_path, capsys):
     assert "params: 'method.tau' has no search range" in capsys.readouterr().err
 
 
+def test_a_dry_run_shows_what_every_run_gets_beside_its_point(tmp_path, capsys):
+    """The pass-through overrides (trainer.rounds=3) were used by every run but shown nowhere."""
+    path = tmp_path / "lr.yaml"
+    path.write_text(yaml.safe_dump(doc(parameters={"optim.lr": {"values": [0.01, 0.1]}, "seed": {"values": [0, 1]}})))
+    assert sweep_main([str(path), "--dry-run", "trainer.rounds=3", "data.num_clients=4", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == ("each run: python -m fl.train conf=quickstart <the point's parameters> seed=<seed> "
+                      "trainer.rounds=3 data.num_clients=4")
+    assert [line.split()[1] for line in out[2:]] == ["optim.lr=0.01"] * 2 + ["optim.lr=0.1"] * 2
+    assert not (tmp_path / "lr").exists()
+
+
 SWEEP_FILES = sorted((ROOT / "sweeps").glob("*.yaml"))
 
 
