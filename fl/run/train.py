@@ -24,6 +24,7 @@ from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, Trainin
 from fl.core.callbacks import CallbackError, make_callbacks
 from fl.core.exchange import gather_objects
 from fl.core.loop import Diverged
+from fl.core.mapped_images import DamagedImages
 from fl.core.state import (
     CHECKPOINT_NAMES,
     StateDirInUse,
@@ -339,6 +340,10 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
                 f" (to train on regardless: python -m fl.train resume={run_dir} trainer.on_divergence=warn)"
                 if orch.ckpt_path.is_file() else "")
         return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1  # one message, not one per process
+    except DamagedImages as err:  # a memory-mapped cache changed in place since it was built (fl/data/cache.py)
+        kept = (f"the last good checkpoint is {orch.ckpt_path}: continue with python -m fl.train resume={run_dir}"
+                if orch.ckpt_path.is_file() else "no checkpoint was written yet: run the command again")
+        return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1
     except CallbackError as err:  # found at the first evaluation, e.g. an early-stopping metric the run lacks
         return _fail(f"{err} (run directory {run_dir})", 2) if fabric.is_global_zero else 2
     except (Interrupted, KeyboardInterrupt) as err:
