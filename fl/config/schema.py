@@ -30,7 +30,8 @@ class EarlyStopConfig:
                                   "(val/* needs data.val_fraction > 0; watching test/* selects on the test set); "
                                   "null = off")
     patience: int = param(5, ge=1, help="the run stops after this many evaluations in a row without improvement")
-    mode: str = param("max", choices=["max", "min"], help="max: higher is better (accuracies); min: lower (losses)")
+    mode: Optional[str] = param(None, choices=["max", "min"], help="max: higher is better; min: lower; null = the "
+                                "direction the metric's logger declares (a mode against it is refused)")
     min_delta: float = param(0.0, ge=0.0, help="an improvement must exceed the best so far by more than this")
 
 

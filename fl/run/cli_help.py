@@ -8,6 +8,7 @@ from fl.config import CONF_DIR, available_confs, choices_msg
 from fl.config.blocks import data_choices
 from fl.config.errors import ConfigError
 from fl.core import registry
+from fl.core.metric_directions import declared, describe
 
 USAGE = """usage: python -m fl.train [conf=NAME] [key=value ...] [resume=RUN_DIR]
        python -m fl.train --list {methods,configs,datasets,partitions,client_transforms,models,evaluators}
@@ -127,4 +128,9 @@ def method_help(name: str, values=None) -> str:
              f"headline metric: {spec.headline or 'test/acc_mean_clients'}", "",
              "hyperparameters:" if own else "hyperparameters: none of its own (it trains with the keys every method "
              "takes: optim.*, trainer.*, server.*; python -m fl.train --help)", *own]
+    logged = {**{f"train/{k}": d for k, d in declared(spec.client_cls).items() if k != "loss"},
+              **declared(spec.server_cls)}
+    lines += ["", "metrics of its own (beside every method's test/*, train/loss, time/ and comm/):" if logged else
+              "metrics of its own: none (it logs every method's test/*, train/loss, time/ and comm/)"]
+    lines += [f"  {k}  ({describe(d)})" for k, d in logged.items()]
     return "\n".join(lines)

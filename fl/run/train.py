@@ -25,6 +25,8 @@ from fl.core.callbacks import CallbackError, make_callbacks
 from fl.core.exchange import gather_objects
 from fl.core.loop import Diverged
 from fl.core.mapped_images import DamagedImages
+from fl.core.metric_directions import directions_of, lookup
+from fl.core.run_metrics import diagnostics, run_directions
 from fl.core.state import (
     CHECKPOINT_NAMES,
     StateDirInUse,
@@ -179,11 +181,19 @@ def restore_with_fallback(fabric: Fabric, cfg: DictConfig, orch, resume):
     return candidate[0], candidate[1], [*skipped, str(first)]
 
 
+def undeclared_metrics(cfg: DictConfig, history: list[dict]) -> list[str]:
+    """The summarised keys of `history` that nothing declared (fl/core/metric_directions.py): they get no best."""
+    declared = run_directions(cfg)
+    keys = dict.fromkeys(k for row in history for k in row if k != "round" and not k.startswith("client/"))
+    return [k for k in keys if not lookup(k, declared)[0]]
+
+
 def run_summary(cfg: DictConfig, data, run_dir: Path, history: list[dict], diverged, stopped) -> dict:
-    """summary.json's content: the history's summaries, what ran, `stopped` (round, reason; None when the run went to
-    its last round) and `diverged` (round, client, method, reason) when the run diverged (trainer.on_divergence),
-    absent when it did not."""
-    summary = summarize_history(history, cfg.trainer.last_k)
+    """summary.json's content: the history's summaries (best by each metric's declared direction), what ran,
+    `stopped` (round, reason; None when the run went to its last round) and `diverged` (round, client, method, reason)
+    when the run diverged (trainer.on_divergence), absent when it did not."""
+    keys = {k for row in history for k in row}
+    summary = summarize_history(history, cfg.trainer.last_k, directions_of(keys, run_directions(cfg)))
     summary.update({"method": cfg.method.name, "headline": METHODS[cfg.method.name].headline,
                     "dataset": cfg.data.name, "seed": int(cfg.seed), "rounds": int(cfg.trainer.rounds),
                     "stopped": stopped, "partition_fingerprint": data.fingerprint(), "run_dir": str(run_dir)})
@@ -361,10 +371,16 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
         if wandb_logger is not None:
             wandb_logger.experiment.summary.update({f"{kind}/{k}": v for kind in ("final", "best")
                                                     for k, v in summary[kind].items()})
-            wandb_logger.experiment.summary.update({k: summary[k] for k in ("headline", "diverged") if k in summary})
+            wandb_logger.experiment.summary.update({k: summary[k] for k in ("headline", "diverged", "directions")
+                                                    if k in summary})
             wandb_logger.log_checkpoint(orch.ckpt_path)
             wandb_logger.experiment.finish()
-        print(format_summary(summary))
+        print(format_summary(summary, diagnostics(cfg)))
+        undeclared = undeclared_metrics(cfg, history)
+        if undeclared:
+            print(f"notice: {', '.join(undeclared)} {'was' if len(undeclared) == 1 else 'were'} logged without a "
+                  "declared direction (metric_directions of the class that logs it: fl/core/metric_directions.py); "
+                  "summary.json gives no best for it", file=sys.stderr)
         files = ", ".join(sorted(p.name for p in run_dir.iterdir()))
         print(f"\nRun directory: {run_dir}  ({files})")
         if wandb_logger is not None and wandb_mode(cfg.logger.wandb.mode) == "offline":

@@ -2,7 +2,7 @@
 
     python -m fl.sweep sweeps/X.yaml [--seeds 0,1,2] [--parallel N] [--count N] [--out DIR] [key=value ...]
     python -m fl.sweep --make conf=NAME params=method.lam[,method.mu] [out=FILE] [method=grid|random|bayes]
-                       [metric=KEY] [goal=maximize|minimize] [seeds=0,1,2] [run_cap=N]
+                       [metric=KEY] [goal=maximize|minimize] [seeds=0,1,2] [run_cap=N] [key=value ...]
 
 Each point x seed is one `python -m fl.train` run in <out>/<sweep name>/<point>-s<seed>/ (default out:
 outputs/sweeps). A run is finished when its directory has summary.json; running the same command again
@@ -36,7 +36,7 @@ from omegaconf import OmegaConf
 from fl.config import ConfigError, load_config
 from fl.report.aliases import current_names
 from fl.report.runs import flatten
-from fl.sweep.spec import Sweep, expand, grid_values, load_sweep, make_sweep, point_args
+from fl.sweep.spec import Sweep, check_metric, expand, grid_values, load_sweep, make_sweep, point_args
 
 
 @dataclass
@@ -238,21 +238,25 @@ def _seed_list(text: str) -> list[int]:
 
 
 def make_main(argv: list[str]) -> int:
-    opts = {}
+    opts, overrides = {}, []
     for arg in argv:
         key, sep, value = arg.partition("=")
+        if sep and "." in key:  # a config key (method.name=fedprox): a fixed argument of the sweep's command
+            overrides.append(arg)
+            continue
         if not sep or key not in ("conf", "params", "out", "method", "metric", "goal", "seeds", "run_cap"):
             raise ConfigError(f"--make: argument {arg!r} is not one of conf=, params=, out=, method=, metric=, "
-                              "goal=, seeds=, run_cap=")
+                              "goal=, seeds=, run_cap=, or a config key=value (method.name=fedprox)")
         opts[key] = value
     if "conf" not in opts or "params" not in opts:
         raise ConfigError("--make needs conf=NAME and params=method.X[,method.Y]")
     if opts.get("method", "grid") not in ("grid", "random", "bayes"):
         raise ConfigError(f"method={opts['method']!r} is not valid; choices: bayes, grid, random")
     doc = make_sweep(opts["conf"], opts["params"].split(","), opts.get("method"),
-                     opts.get("metric"), opts.get("goal", "maximize"),
-                     _seed_list(opts["seeds"]) if "seeds" in opts else None, int(opts.get("run_cap", 20)))
-    text = (f"# W&B sweep over {opts['params']} of conf={opts['conf']} (ranges declared in the method's config).\n"
+                     opts.get("metric"), opts.get("goal"),
+                     _seed_list(opts["seeds"]) if "seeds" in opts else None, int(opts.get("run_cap", 20)), overrides)
+    text = (f"# W&B sweep over {opts['params']} of {' '.join(['conf=' + opts['conf'], *overrides])} (ranges declared "
+            "in the method's config).\n"
             f"# Online: wandb sweep FILE, then wandb agent <id>. Offline: python -m fl.sweep FILE\n"
             + yaml.safe_dump(doc, sort_keys=False))
     out = opts.get("out")
@@ -337,6 +341,7 @@ def plan_points(sweep: Sweep, points: list[dict], out: Path, seeds: list, extra:
             argv = sweep.point_argv(point) + ([f"seed={seed}"] if seed is not None else []) + extra
             try:
                 cfg = load_config(argv + ["logger.wandb.mode=disabled"])
+                check_metric(sweep.metric, sweep.goal, cfg, "the sweep's ")
             except ConfigError as err:
                 raise ConfigError(f"point {pid} ({' '.join(point_args(point))}): {err}") from None
             jobs.append(Job(pid, point, seed, out / f"{pid}-s{cfg.seed}", comparable(OmegaConf.to_container(cfg)),

@@ -10,7 +10,7 @@ import yaml
 from fl.config import ConfigError, load_config
 from fl.sweep.runner import Job, train_argv
 from fl.sweep.runner import main as sweep_main
-from fl.sweep.spec import expand, grid_values, load_sweep, parse_sweep, point_args
+from fl.sweep.spec import check_metric, expand, grid_values, load_sweep, parse_sweep, point_args
 from tests.helpers import ROOT, TINY, run_cli
 
 BASE = {
@@ -253,6 +253,7 @@ def test_every_shipped_sweep_file_is_valid(path):
         for seed in seeds:
             argv = sweep.point_argv(point) + ([f"seed={seed}"] if seed is not None else [])
             cfg = load_config(argv)
+            check_metric(sweep.metric, sweep.goal, cfg, "")  # a metric the runs log, the goal its declared direction
             for key, value in point.items():  # the value arrives typed, as the file meant it
                 if key in ("conf", "arm"):  # the config file itself, an arm's name: not keys of the config
                     continue
