@@ -1,13 +1,16 @@
 """The budget of `python -m fl.reproduce PAPER --scale twin`: each paper's wall time from an empty output folder, with
 the machine's load average sampled beside it, and each run's own wall time.
 
-    python bench/reproduce_budget.py [PAPER ...] [--seeds 3] [--parallel N] [--out DIR] [--record] [key=value ...]
+    python bench/reproduce_budget.py [PAPER ...] [--seeds 3] [--parallel N] [--out DIR] [--record] [--publish]
+                                     [key=value ...]
 
 Without papers it times every paper one after the other (what `--all` runs). The budget (issue 28): one paper within
 30 minutes and all five within 2.5 hours on the 2-core CPU with 3 seeds. Timings taken while other work shares the
 CPU are inflated: the load average printed beside each figure says how much. `--record` writes the per-run medians to
 fl/reproduce/twin_seconds.json, which `python -m fl.reproduce PAPER --dry-run` projects from; `--seeds 1` measures
-every cell's run once (a third of the full command's runs).
+every cell's run once (a third of the full command's runs). `--publish` copies each paper's output that exited 0,
+reproduce.md and its record reproduce.json, to bench/reproduce/PAPER.md and PAPER.json (what `python -m
+fl.reproduce PAPER --check` re-runs from), the Markdown under a line naming the command, the day and the commit.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from fl.reproduce.check import RECORDS  # noqa: E402
 from fl.reproduce.spec import available_papers  # noqa: E402
 from fl.reproduce.timing import TWIN_SECONDS, duration  # noqa: E402
 
@@ -89,6 +93,23 @@ def record(results: list[dict], args: argparse.Namespace) -> None:
     print(f"wrote {TWIN_SECONDS} ({len(cpu)} points)")
 
 
+def publish(paper: str, args: argparse.Namespace) -> None:
+    """The paper's reproduce.md and reproduce.json (its record) into bench/reproduce/, as the command wrote them."""
+    out = args.out / paper / "twin"
+    record = json.loads((out / "reproduce.json").read_text())
+    prov = record.get("provenance") or {}
+    commit = (prov.get("commit") or "unknown")[:12] + (" with uncommitted changes" if prov.get("dirty") else "")
+    command = " ".join(["python -m fl.reproduce", paper, "--scale twin", f"--seeds {args.seeds}", *args.overrides])
+    day = f"{datetime.now(timezone.utc):%Y-%m-%d}"
+    head = (f"<!-- What `{command}` wrote as reproduce.md on {day} at commit {commit}, on {os.cpu_count()} CPU cores "
+            f"(bench/reproduce_budget.py --publish); `runs/` were under {out}. Every run's record is {paper}.json "
+            f"beside this file: `python -m fl.reproduce {paper} --check` re-runs from it. -->\n\n")
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    (RECORDS / f"{paper}.md").write_text(head + (out / "reproduce.md").read_text())
+    (RECORDS / f"{paper}.json").write_text((out / "reproduce.json").read_text())
+    print(f"wrote {RECORDS / (paper + '.md')} and {RECORDS / (paper + '.json')}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("args", nargs="*", metavar="PAPER|key=value",
@@ -97,6 +118,8 @@ def main() -> int:
     p.add_argument("--parallel", type=int, help="default: fl.reproduce's (the CPU count)")
     p.add_argument("--out", type=Path, default=Path("/tmp/fl_reproduce_budget"), help="an empty folder per timing")
     p.add_argument("--record", action="store_true", help="write the per-run medians to fl/reproduce/twin_seconds.json")
+    p.add_argument("--publish", action="store_true",
+                   help="copy each paper's reproduce.md and reproduce.json (its record) to bench/reproduce/")
     args = p.parse_intermixed_args()
     args.papers = [a for a in args.args if "=" not in a]
     args.overrides = [a for a in args.args if "=" in a]
@@ -120,6 +143,12 @@ def main() -> int:
               f"{'within' if total <= BUDGET_ALL else 'OVER'} 2.5 h | | | |")
     if args.record:
         record(results, args)
+    if args.publish:
+        for r in results:
+            if r["exit"] == 0:
+                publish(r["paper"], args)
+            else:
+                print(f"{r['paper']} exited {r['exit']}: not published")
     return max(r["exit"] for r in results)
 
 

@@ -1,5 +1,3 @@
-import sys
-
 from fl.train import entry
 
-sys.exit(entry())
+entry()

@@ -8,11 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
-stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
+stamp="$VENV/.installed-$(cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
-  "$VENV/bin/python" -m pip install --quiet -e '.[dev]'
+  # constraints.txt: the exact versions the pinned test values and committed outputs were made with
+  "$VENV/bin/python" -m pip install --quiet -e '.[dev]' -c constraints.txt
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi
@@ -20,7 +21,7 @@ cmd=${1:-quickstart}
 shift || true
 case "$cmd" in
   quickstart) exec "$VENV/bin/python" -m fl.train "$@" ;;
-  # one pytest worker per core (tests pin their runs to one thread); the slowest tests are listed at the end
+  # one pytest worker per core, each with its share of the cores (tests/conftest.py); the slowest tests are listed at the end
   test) exec "$VENV/bin/python" -m pytest -n auto --durations=25 "$@" ;;
   lint) exec "$VENV/bin/ruff" check fl tests bench "$@" ;;
   bench) exec "$VENV/bin/python" bench/fedavg_overhead.py "$@" ;;

@@ -1,8 +1,18 @@
 """Fixtures only; what tests import (constants, runs, checkpoints, patches) is in tests/helpers.py."""
-import pytest
-import torch
+import os
 
-from tests import helpers
+from fl.run.cpu_threads import NUM_THREADS, share_of_cores, sleep_at_barriers
+
+# Before torch loads (fl/run/cpu_threads.py): OpenMP threads that sleep at barriers and, under pytest-xdist, each
+# worker's share of the cores, for its in-process runs and the processes its tests start; the environment's win
+sleep_at_barriers()
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ.setdefault(NUM_THREADS, str(share_of_cores(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tests import helpers  # noqa: E402
 
 
 @pytest.fixture

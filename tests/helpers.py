@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch.overrides import TorchFunctionMode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,18 +60,20 @@ def doc_section(path: str, heading: str) -> str:
 current_test_is_slow: bool | None = None
 
 
-def tiny(out: Path, *extra: str) -> list[str]:
-    """TINY, writing under `out`, then `extra`. TINY's settings of a dataset or partition (data.embedded.*,
-    data.partition.min_client_size) are left out where the run's own dataset or partition does not take them."""
-    args = TINY + [f"logger.output_dir={out / 'outputs'}", f"data.root={out / 'data'}", *extra]
-    return [a for a in args if a not in TINY or _taken(a.split("=", 1)[0], args)]
+def tiny(out: Path, *extra: str, optional: tuple[str, ...] = ()) -> list[str]:
+    """TINY, writing under `out`, then `extra`, then `optional`. TINY's and `optional`'s settings of a dataset or
+    partition (data.embedded.*, data.partition.min_client_size) are left out where the run's own dataset or partition
+    does not take them."""
+    args = TINY + [f"logger.output_dir={out / 'outputs'}", f"data.root={out / 'data'}", *extra, *optional]
+    shape = _schema_of(args)
+    left = set(TINY) | set(optional)
+    return [a for a in args if a not in left or shape is None or
+            OmegaConf.select(shape, a.split("=", 1)[0], default="<absent>") != "<absent>"]
 
 
-def _taken(key: str, args: list[str]) -> bool:
-    """Whether the run `args` describe (its config, then the arguments) has `key` in its schema; True when the
-    arguments are not a fresh run's or are bad (the run itself reports them)."""
-    from omegaconf import OmegaConf
-
+def _schema_of(args: list[str]):
+    """The schema of the run `args` describe (its config, then the arguments); None when the arguments are not a
+    fresh run's or are bad (the run itself reports them)."""
     from fl.config import ConfigError
     from fl.config.blocks import chosen, schema
     from fl.config.load import DEFAULT_CONF, load_conf_file, parse_argv, resolve_conf_path
@@ -78,12 +81,11 @@ def _taken(key: str, args: list[str]) -> bool:
     try:
         conf, overrides = parse_argv(args)
         if any(a.startswith("resume=") for a in overrides):
-            return True
+            return None
         names = [a for a in overrides if a.split("=", 1)[0].endswith(".name")]
-        shape = schema(chosen(load_conf_file(resolve_conf_path(conf or DEFAULT_CONF)), OmegaConf.from_dotlist(names)))
+        return schema(chosen(load_conf_file(resolve_conf_path(conf or DEFAULT_CONF)), OmegaConf.from_dotlist(names)))
     except ConfigError:
-        return True
-    return OmegaConf.select(shape, key, default="<absent>") != "<absent>"
+        return None
 
 
 # ---- runs ------------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ class NanClient(ClientModule):
 
 register_method("test_nan_at_round_2", NanConfig, NanClient, Server)
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # a process of its own ends as the command line's does (fl/train.py)
+    from fl.run.process_exit import end_process
     from fl.run.train import main
 
-    sys.exit(main(sys.argv[1:]))
+    end_process(main(sys.argv[1:]))

@@ -1,7 +1,7 @@
 """The schema of a run, built from what its config chooses: the chosen method's typed config (method.*), the
-chosen dataset's settings (data.*, beside the keys every dataset takes), the chosen partition's (data.partition.*)
-and client transform's (data.client_transform.*), each registered with its plug-in (fl/core/registry.py), and one
-typed block per evaluator (evaluators.<name>).
+chosen dataset's settings (data.*, beside the keys every dataset takes), the chosen partition's (data.partition.*),
+client transform's (data.client_transform.*) and aggregator's (server.aggregator.*), each registered with its plug-in
+(fl/core/registry.py), and one typed block per evaluator (evaluators.<name>).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from functools import cache
 from omegaconf import DictConfig, OmegaConf
 
 from fl.config.errors import ConfigError, choices_msg
-from fl.config.schema import ClientTransformConfig, Config, DataConfig, PartitionConfig
+from fl.config.schema import AggregatorConfig, ClientTransformConfig, Config, DataConfig, PartitionConfig, ServerConfig
 from fl.core import registry
 
 
@@ -22,6 +22,22 @@ def data_choices() -> tuple[tuple[str, dict, type], ...]:
             ("data.client_transform", registry.CLIENT_TRANSFORMS, ClientTransformConfig))
 
 
+def plugin_choices() -> tuple[tuple[str, dict, type], ...]:
+    """data_choices, and the aggregator: server.aggregator.name picks it, its settings are server.aggregator.*."""
+    return (*data_choices(), ("server.aggregator", registry.AGGREGATORS, AggregatorConfig))
+
+
+def check_choice(key: str, value, table: dict) -> None:
+    """`value` names an entry of `table` that can be used: else one line naming the choices, or the file that failed
+    to register it, or the two files that registered it (fl/core/plugins.py)."""
+    why = registry.unavailable(table, value) if isinstance(value, str) else None
+    if why:
+        raise ConfigError(f"{key}={value!r} cannot be used: {why}")
+    if not isinstance(value, str) or value not in table:
+        missing = registry.not_loaded(table)
+        raise ConfigError(choices_msg(key, value, table) + (f" ({missing})" if missing else ""))
+
+
 def _default_name(base: type) -> str:
     return next(f.default for f in fields(base) if f.name == "name")
 
@@ -30,15 +46,14 @@ def chosen(*sources) -> dict[str, str]:
     """What the sources choose, the last one that names it winning: {"method": ..., "data": ..., "data.partition":
     ...}, each checked against its table."""
     registry.load_plugins()
-    picks = {"method": "fedavg", **{block: _default_name(base) for block, _, base in data_choices()}}
+    picks = {"method": "fedavg", **{block: _default_name(base) for block, _, base in plugin_choices()}}
     for src in sources:
         for block in picks:
             value = OmegaConf.select(src, f"{block}.name", default=None)
             picks[block] = picks[block] if value is None else value
-    tables = {"method": registry.METHODS, **{block: table for block, table, _ in data_choices()}}
+    tables = {"method": registry.METHODS, **{block: table for block, table, _ in plugin_choices()}}
     for block, value in picks.items():
-        if not isinstance(value, str) or value not in tables[block]:
-            raise ConfigError(choices_msg(f"{block}.name", value, tables[block]))
+        check_choice(f"{block}.name", value, tables[block])
     return picks
 
 
@@ -66,8 +81,9 @@ def schema(picks: dict[str, str]) -> DictConfig:
     partition = block_class(PartitionConfig, registry.PARTITIONS[picks["data.partition"]])()
     transform = block_class(ClientTransformConfig, registry.CLIENT_TRANSFORMS[picks["data.client_transform"]])()
     data = block_class(DataConfig, registry.DATASETS[picks["data"]])(partition=partition, client_transform=transform)
+    aggregator = block_class(AggregatorConfig, registry.AGGREGATORS[picks["server.aggregator"]])()
     return OmegaConf.structured(Config(method=registry.METHODS[picks["method"]].config_cls(), data=data,
-                                       evaluators=_evaluator_settings()))
+                                       server=ServerConfig(aggregator=aggregator), evaluators=_evaluator_settings()))
 
 
 @cache
@@ -84,7 +100,7 @@ def drop_replaced_settings(lower: DictConfig, upper: DictConfig) -> None:
     partition than `lower` does, the settings `lower` gives the one it names that the new one does not take leave
     `lower`: they belong to the plug-in replaced (a real dataset's data.download, under its synthetic twin's
     generated data), as a replaced method's hyperparameters do. Settings both take stay, as they always have."""
-    for block, table, base in data_choices():
+    for block, table, base in plugin_choices():
         new = OmegaConf.select(upper, f"{block}.name", default=None)
         old = OmegaConf.select(lower, f"{block}.name", default=None) or _default_name(base)
         if new == old or new not in table or old not in table:
@@ -99,7 +115,7 @@ def drop_replaced_settings(lower: DictConfig, upper: DictConfig) -> None:
 def other_takers(key: str, schema_node: DictConfig) -> str:
     """For an unknown data key: the datasets or partitions whose settings have it (`data.variant` is EMNIST's),
     as a hint; "" if none has."""
-    for block, table, _ in sorted(data_choices(), key=lambda choice: -len(choice[0])):
+    for block, table, _ in sorted(plugin_choices(), key=lambda choice: -len(choice[0])):
         if key.startswith(block + "."):
             rel = key[len(block) + 1:]
             takers = sorted(name for name, plugin in table.items()  # a leaf, or a block of them (data.embedded)

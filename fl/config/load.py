@@ -16,11 +16,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from fl.config.arms import expand_arms
-from fl.config.blocks import chosen, drop_replaced_settings, other_takers, schema
+from fl.config.blocks import check_choice, chosen, drop_replaced_settings, other_takers, schema
 from fl.config.errors import ConfigError, choices_msg, suggest
 from fl.core import registry
 from fl.core.callbacks import CallbackError, EarlyStopping, callback_class
 from fl.core.metric_directions import describe, lookup
+from fl.core.plugins import PluginNotFound
 from fl.core.run_metrics import run_directions
 
 CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
@@ -48,10 +49,11 @@ MOVED_KEYS = {
     "trainer.adaptability_every": "evaluators.adaptability.every",
     "trainer.kl_tau": "evaluators.adaptability.kl_tau",
     "method.proj_dim": "model.proj_dim",  # FedDRM's projections and its baselines' share one width
+    "server.trim_fraction": "server.aggregator.trim_fraction",  # the trimmed mean's own setting (fl/aggregators/)
 }
 # Groups that were single values: `data.partition=dirichlet` is now `data.partition.name=dirichlet`.
 BECAME_GROUPS = {"data.partition": "data.partition.name", "data.target": "data.target.distribution",
-                 "data.client_transform": "data.client_transform.name"}
+                 "data.client_transform": "data.client_transform.name", "server.aggregator": "server.aggregator.name"}
 
 
 def available_confs() -> list[str]:
@@ -238,7 +240,7 @@ def _elsewhere(key: str, schema_node: DictConfig) -> str:
     """Where a misplaced key does live: another method's hyperparameter (`method.mu` with fedavg), or a key of
     another block of the same group (`data.partition.train_fraction` is `data.train_fraction`); "" if nowhere."""
     group, leaf = key.split(".", 1)[0], key.rsplit(".", 1)[-1]
-    if group == "data" and other_takers(key, schema_node):
+    if group in ("data", "server") and other_takers(key, schema_node):
         return other_takers(key, schema_node)
     if group == "method":
         takers = sorted(n for n, spec in registry.METHODS.items()
@@ -342,20 +344,14 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"callbacks[{i}]: {err}") from None
         if issubclass(cls, EarlyStopping):
             stops.append((f"callbacks[{i}]", entry))
-    for where, node in stops:
-        check_watched(cfg, where, node)
-    own = spec.server_cls.own_aggregation(cfg.method) if cfg.server.aggregator != "mean" else None
-    if own:
-        raise ConfigError(f"server.aggregator={cfg.server.aggregator!r} cannot apply to method.name="
-                          f"{cfg.method.name!r}: {own}; leave server.aggregator=mean")
+    check_aggregator(cfg, spec)
     for name in cfg.data.augment:
-        if name not in registry.AUGMENTATIONS:
-            raise ConfigError(choices_msg("data.augment", name, registry.AUGMENTATIONS))
+        check_choice("data.augment", name, registry.AUGMENTATIONS)
     for name in cfg.trainer.evaluators or []:
-        if name not in registry.EVALUATORS:
-            raise ConfigError(choices_msg("trainer.evaluators", name, registry.EVALUATORS))
-    if cfg.model.name not in registry.MODELS:
-        raise ConfigError(choices_msg("model.name", cfg.model.name, registry.MODELS))
+        check_choice("trainer.evaluators", name, registry.EVALUATORS)
+    check_choice("model.name", cfg.model.name, registry.MODELS)
+    for where, node in stops:  # after the evaluators' names: they say what the run logs
+        check_watched(cfg, where, node)
     name = cfg.logger.run_name
     if name is not None and (str(name) in ("", ".", "..") or any(c in str(name) for c in "/\\")):
         raise ConfigError(f"logger.run_name={str(name)!r} must be one folder name (no '/', not '..'); the run "
@@ -395,6 +391,22 @@ def check_watched(cfg: DictConfig, where: str, node: DictConfig) -> None:
     elif mode != direction:
         raise ConfigError(f"{where}.mode={mode!r} is against {metric}, whose logger declares {describe(direction)} "
                           f"(mode {direction}); leave mode out, it follows the metric")
+
+
+def check_aggregator(cfg: DictConfig, spec) -> None:
+    """An aggregator other than the mean only where the method's server step takes the uploads' mean, and with
+    settings that can work with the clients a round trains (when trainer.sampling=fixed fixes their number)."""
+    block = cfg.server.aggregator
+    own = spec.server_cls.own_aggregation(cfg.method) if block.name != "mean" else None
+    if own:
+        raise ConfigError(f"server.aggregator.name={block.name!r} cannot apply to method.name={cfg.method.name!r}: "
+                          f"{own}; leave server.aggregator.name=mean")
+    check = registry.AGGREGATORS[block.name].check
+    if check is not None and cfg.trainer.sampling == "fixed":
+        trained = cfg.data.num_clients - cfg.data.new_clients.count
+        problem = check(block, max(1, min(trained, round(cfg.trainer.participation * trained))))
+        if problem:
+            raise ConfigError(problem)
 
 
 def check_unused_settings(cfg: DictConfig, spec) -> None:
@@ -447,6 +459,7 @@ def load_config(argv: list[str], check: bool = True) -> DictConfig:
         if OmegaConf.select(base, "resume", default=None) is not None:
             raise ConfigError(f"{resolve_conf_path(conf or DEFAULT_CONF)}: resume cannot be set in a config file; "
                               "pass resume=<run dir> on the command line")
+    import_config_plugins(base, cli)
     file_method, cli_method = _method_name(base), OmegaConf.select(cli, "method.name", default=None)
     if cli_method is not None and cli_method != file_method and "method" in base:
         base.method = {"name": cli_method}  # the file's hyperparameters belong to the file's method
@@ -464,6 +477,38 @@ def load_config(argv: list[str], check: bool = True) -> DictConfig:
     if check:
         validate(cfg)
     return cfg
+
+
+def config_plugins(*sources) -> list[str]:
+    """The `plugins` the sources name, the last that sets it winning (a list replaces a list, as in a merge)."""
+    value = None
+    for src in sources:
+        given = OmegaConf.select(src, "plugins", default=None)
+        value = value if given is None else given
+    if isinstance(value, ListConfig):
+        value = OmegaConf.to_container(value, resolve=True)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ConfigError(f"plugins={value!r} must be a list of module names, e.g. plugins=[mypackage.fl_plugin]")
+    return value
+
+
+def import_config_plugins(*sources) -> None:
+    """Import the modules `plugins` names before anything of the config is checked: what they register can then be
+    chosen (method.name=, data.name=, ...). A module that is not there stops here in one line."""
+    try:
+        registry.import_plugins(config_plugins(*sources))
+    except PluginNotFound as err:
+        raise ConfigError(f"plugins: no module named {err.args[0]!r}; a plug-in module must be importable (an "
+                          "installed package, or a folder on PYTHONPATH)") from None
+
+
+def import_argv_plugins(argv: list[str]) -> None:
+    """The `plugins` of a command that lists rather than runs (`--list KIND plugins=[...]`, or conf=NAME's)."""
+    conf, overrides = parse_argv(argv)
+    cli = OmegaConf.from_dotlist([a for a in overrides if a.startswith("plugins=")])
+    import_config_plugins(load_conf_file(resolve_conf_path(conf)) if conf else OmegaConf.create(), cli)
 
 
 def read_run_config(path: Path) -> DictConfig:

@@ -232,16 +232,18 @@ class MethodConfig:
 
 
 @dataclass
+class AggregatorConfig:
+    """The key every aggregator takes; the chosen one's own settings (its registration's `Settings`: trim_fraction,
+    f, max_norm, ...) join it as server.aggregator.* keys (fl/aggregators/)."""
+    name: str = param("mean", help="how the server combines the round's uploads, for methods whose server takes their "
+                      "weighted mean (python -m fl.train --list aggregators); methods whose aggregation is their own "
+                      "take only mean")
+
+
+@dataclass
 class ServerConfig:
-    """How the server combines the round's parameter uploads (fl/core/aggregation.py)."""
-    aggregator: str = param("mean", choices=["mean", "median", "trimmed_mean"],
-                            help="mean: the uploads' weighted mean (weights: the method's, n_i by default), summed "
-                            "as clients finish; median / trimmed_mean: each coordinate's median / trimmed mean over "
-                            "the round's clients, unweighted (Yin et al. 2018), which keeps every upload of the round "
-                            "in memory; methods whose aggregation is their own take only mean")
-    trim_fraction: float = param(0.1, ge=0.0, lt=0.5,
-                                 help="trimmed_mean: beta; each coordinate drops its floor(beta N) largest and "
-                                 "floor(beta N) smallest values of the N clients (0 = the unweighted mean)")
+    """How the server combines the round's parameter uploads (fl/core/aggregation.py, fl/aggregators/)."""
+    aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
 
 
 @dataclass
@@ -281,11 +283,16 @@ class Config:
     callbacks: list = param([], help="user callbacks (fl.core.Callback subclasses), called in this order: "
                             "[{class: pkg.module.Class, <its keyword arguments>}, ...]")
     resume: Optional[str] = param(None, help="run directory to continue from its last checkpoint")
+    plugins: list = param([], help="modules imported before the config is checked, which register methods, "
+                          "datasets, partitions, client transforms, aggregators, models or evaluators: "
+                          "[mypackage.fl_plugin, ...]")
 
 
-# A data plug-in's settings may not take the name of one of these keys (registration refuses it, naming both).
+# A data plug-in's or aggregator's settings may not take the name of one of these keys (registration refuses it,
+# naming both).
 registry.SHARED_KEYS.update({kind: frozenset(f.name for f in fields(base)) for kind, base in (
-    ("dataset", DataConfig), ("partition", PartitionConfig), ("client transform", ClientTransformConfig))})
+    ("dataset", DataConfig), ("partition", PartitionConfig), ("client transform", ClientTransformConfig),
+    ("aggregator", AggregatorConfig))})
 
 
 def search_spaces(method_cls) -> dict[str, dict]:

@@ -1,5 +1,6 @@
-"""A round's parameter uploads as the server's `aggregate` hook sees them, and the aggregators `server.aggregator`
-chooses from: the weighted mean (the default), the coordinate-wise median and the coordinate-wise trimmed mean.
+"""A round's parameter uploads as the server's `aggregate` hook sees them, and what the aggregators
+`server.aggregator.name` chooses from (fl/aggregators/, one file each) compute with: coordinate-wise rules over the
+clients' values of each coordinate, distances between whole uploads, and linear combinations of them.
 
 The weighted mean streams: each client's parameters are added to a float64 weighted sum as it finishes
 (fl/core/exchange.py WeightedSum, all-reduced across processes), so memory does not grow with the round's clients.
@@ -8,7 +9,6 @@ process in client order; that costs one model per client of the round on every p
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -93,53 +93,7 @@ def weighted_mean(acc: WeightedSum) -> dict[str, Tensor]:
     return {k: (s / acc.total if acc.dtypes[k].is_floating_point else s).to(acc.dtypes[k]) for k, s in acc.sums.items()}
 
 
-# ---- aggregators ---------------------------------------------------------------------------------------------------
-class Aggregator:
-    """Turns the round's uploads into the server's new shared parameters (what `server_step` receives)."""
-    needs_every_upload = True
-
-    def __call__(self, uploads: Uploads) -> dict[str, Tensor]:
-        raise NotImplementedError
-
-
-class WeightedMean(Aggregator):
-    """sum_i w_i x_i / sum_i w_i, streamed (FedAvg with w_i = n_i)."""
-    needs_every_upload = False
-
-    def __call__(self, uploads: Uploads) -> dict[str, Tensor]:
-        return uploads.mean()
-
-
-class CoordinateMedian(Aggregator):
-    """Each coordinate's median over the round's clients, unweighted (Yin et al. 2018, Definition 1); with an even
-    number of clients the mean of the two middle values."""
-
-    def __call__(self, uploads: Uploads) -> dict[str, Tensor]:
-        return coordinatewise(uploads, median_of_rows)
-
-
-class TrimmedMean(Aggregator):
-    """Each coordinate's beta-trimmed mean, unweighted (Yin et al. 2018, Definition 2): the floor(beta N) largest
-    and floor(beta N) smallest of the N clients' values are dropped, the rest averaged."""
-
-    def __init__(self, fraction: float):
-        self.fraction = fraction
-
-    def __call__(self, uploads: Uploads) -> dict[str, Tensor]:
-        return coordinatewise(uploads, lambda rows: trimmed_mean_of_rows(rows, math.floor(self.fraction * len(rows))))
-
-
-def make_aggregator(name: str, trim_fraction: float = 0.0) -> Aggregator:
-    """The aggregator `server.aggregator` names."""
-    if name == "mean":
-        return WeightedMean()
-    if name == "median":
-        return CoordinateMedian()
-    if name == "trimmed_mean":
-        return TrimmedMean(trim_fraction)
-    raise ValueError(f"server.aggregator={name!r}: choices are mean, median, trimmed_mean")
-
-
+# ---- what the aggregators (fl/aggregators/) compute with -------------------------------------------------------------
 def coordinatewise(uploads: Uploads, rule) -> dict[str, Tensor]:
     """`rule` ([clients, coordinates] float64 -> [coordinates] float64) applied to every floating tensor, over the
     clients that uploaded it, in chunks of coordinates; integer tensors (counters) take their maximum, as in the
@@ -180,3 +134,79 @@ def trimmed_mean_of_rows(rows: Tensor, trim: int) -> Tensor:
     for row, kept in zip(rows, keep):
         acc.add_(torch.where(kept, row, 0.0))
     return acc / float(n - 2 * trim)
+
+
+# ---- whole uploads as vectors (Krum, the geometric median, norm clipping) --------------------------------------------
+def floating_keys(uploads: Uploads) -> list[str]:
+    """The floating tensors' keys, which every upload of the round must carry alike (a rule on whole vectors
+    compares them coordinate by coordinate)."""
+    clients = uploads.clients
+    keys = [k for k, v in clients[0].params.items() if v.is_floating_point()]
+    for u in clients[1:]:
+        mine = [k for k, v in u.params.items() if v.is_floating_point()]
+        if sorted(mine) != sorted(keys):
+            raise ValueError(f"client {u.cid} uploaded other floating tensors than client {clients[0].cid} "
+                             f"({sorted(set(mine) ^ set(keys))[:3]}); this aggregator compares whole uploads")
+    return keys
+
+
+def coordinate_blocks(uploads: Uploads, keys: list[str]):
+    """(key, start, [clients, coordinates] float64 on the run's device) over the floating coordinates of every
+    upload, in chunks (CHUNK_ELEMENTS bounds the memory of one block)."""
+    clients, device = uploads.clients, uploads.device or torch.device("cpu")
+    step = max(1, CHUNK_ELEMENTS // len(clients))
+    for k in keys:
+        flat = [u.params[k].reshape(-1) for u in clients]
+        for i in range(0, flat[0].numel(), step):
+            yield k, i, torch.stack([v[i:i + step] for v in flat]).to(device, torch.float64)
+
+
+def pairwise_sq_distances(uploads: Uploads) -> Tensor:
+    """[n, n] float64: ||x_i - x_j||^2 over every floating coordinate, exactly symmetric."""
+    keys, n = floating_keys(uploads), len(uploads.clients)
+    out = torch.zeros(n, n, dtype=torch.float64, device=uploads.device)
+    for _, _, rows in coordinate_blocks(uploads, keys):
+        for i in range(n):
+            out[i] += (rows - rows[i]).pow(2).sum(dim=1)
+    return out
+
+
+def distances_to(uploads: Uploads, point: dict[str, Tensor]) -> Tensor:
+    """[n] float64: ||x_i - point|| over every floating coordinate of the uploads."""
+    keys = floating_keys(uploads)
+    missing = [k for k in keys if k not in point]
+    if missing:
+        raise ValueError(f"{missing[0]!r} is uploaded but not in the point the uploads are measured from")
+    out = torch.zeros(len(uploads.clients), dtype=torch.float64, device=uploads.device)
+    for k, i, rows in coordinate_blocks(uploads, keys):
+        ref = point[k].reshape(-1)[i:i + rows.shape[1]].to(rows.device, torch.float64)
+        out += (rows - ref).pow(2).sum(dim=1)
+    return out.sqrt()
+
+
+def combination(uploads: Uploads, coefficients: Tensor, origin: Optional[dict[str, Tensor]] = None
+                ) -> dict[str, Tensor]:
+    """origin + sum_i c_i (x_i - origin) for every floating tensor (origin None: sum_i c_i x_i), summed in float64
+    in client order over the clients with c_i != 0; float64 on the run's device. Integer tensors (counters) take
+    their maximum, as under the mean, in their dtype."""
+    clients, device = uploads.clients, uploads.device or torch.device("cpu")
+    coefficients = coefficients.tolist()
+    out = {}
+    for k in dict.fromkeys(k for u in clients for k in u.params):
+        values = [(c, u.params[k]) for c, u in zip(coefficients, clients) if k in u.params]
+        if not values[0][1].is_floating_point():
+            out[k] = torch.stack([v for _, v in values]).to(device).amax(dim=0)
+            continue
+        base = None if origin is None else origin[k].to(device, torch.float64)
+        acc = torch.zeros_like(values[0][1], dtype=torch.float64, device=device) if base is None else base.clone()
+        for c, v in values:
+            if c != 0.0:
+                acc.add_(v.to(device, torch.float64) - (0.0 if base is None else base), alpha=c)
+        out[k] = acc
+    return out
+
+
+def in_upload_dtypes(uploads: Uploads, params: dict[str, Tensor]) -> dict[str, Tensor]:
+    """`params` (float64 sums) cast to the dtype each tensor was uploaded in."""
+    like = {k: v for u in reversed(uploads.clients) for k, v in u.params.items()}
+    return {k: v.to(like[k].dtype) for k, v in params.items()}

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from omegaconf import DictConfig
 
 from fl.core.client import ClientModule
 from fl.core.federated_data import FederatedData
+from fl.core.global_predictions import PooledPredictions, score_pooled
 
 if TYPE_CHECKING:  # Lightning loads with the run, not with a method or an evaluator
     from lightning.fabric import Fabric
@@ -44,3 +45,12 @@ class EvalContext(RoundContext):
     cid (-1: the global model) into it, as evaluation and training do."""
     module: ClientModule = None
     load_client: Callable[[int], ClientModule] = None
+    _pooled: Optional[PooledPredictions] = field(default=None, init=False, repr=False, compare=False)
+
+    def global_predictions(self) -> PooledPredictions:
+        """The global model's predicted label for every sample of `data.pooled_test()`, made on the first call of this
+        evaluation (it loads the global model; every process must call it) and reused by the later ones. A new
+        context is made every round, and `dataclasses.replace` (the validation view) starts without them."""
+        if self._pooled is None or self._pooled.split is not self.data.pooled_test():
+            self._pooled = score_pooled(self)
+        return self._pooled

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from fl.core.context import EvalContext
 from fl.core.exchange import gather_objects
+from fl.core.global_predictions import model_tensors, predicts_with_model, same_tensors
 from fl.core.metric_directions import HIGHER, LOWER, Directions, declared
 from fl.core.registry import NoSettings
 
@@ -88,17 +89,30 @@ class Evaluator:
 
 def evaluate_clients(ctx: EvalContext) -> dict[str, float]:
     """Each client's model on its own test split (after `personalize`, whose scalars are logged as
-    client/<i>/<name>), and the global model on the pooled test set when the method has one."""
+    client/<i>/<name>), and the global model on the pooled test set when the method has one.
+
+    A client whose evaluated model is the global model (the same tensors, predicting through them alone) and whose
+    test samples are rows of the pooled test set takes its counts from the global model's predictions on that set
+    (`EvalContext.global_predictions`), so each image is scored once per distinct model; any other client is
+    scored by its own pass. A row is the same image normalised the same way in both, so only the kernels' choice
+    by batch size can tell the two apart (bench/eval_cost.py counts the rows where it does)."""
     from torchmetrics.classification import MulticlassAccuracy  # torchmetrics loads with the first evaluation
 
     from fl.core.accuracy import GroupedAccuracy
 
     fabric, data, m = ctx.fabric, ctx.data, ctx.module
+    shared = ctx.global_predictions() if m.has_global_model else None
+    reference = model_tensors(m) if shared is not None and shares_global_passes(ctx) else None
     per_client = GroupedAccuracy(data.num_clients).to(fabric.device)
     logs: dict[int, dict[str, float]] = {}
     for cid in range(fabric.global_rank, data.num_clients, fabric.world_size):
         ctx.load_client(cid)
         logs[cid] = m.personalize() or {}
+        rows = data.pooled_test_rows(cid) if reference is not None else None
+        if rows is not None and same_tensors(m, reference):
+            rows = rows if isinstance(rows, slice) else rows.to(fabric.device, non_blocking=True)
+            per_client.update(shared.preds[rows], shared.labels[rows], cid)
+            continue
         for logits, y in m.eval_pass(data.clients[cid].test):
             per_client.update(logits.argmax(1), y, cid)
     correct, total = per_client.counts()
@@ -111,10 +125,17 @@ def evaluate_clients(ctx: EvalContext) -> dict[str, float]:
     metrics.update({f"client/{i}/acc": a for i, a in enumerate(acc)})
     for part in gather_objects(fabric, logs):
         metrics.update({f"client/{cid}/{k}": float(v) for cid, values in part.items() for k, v in values.items()})
-    if m.has_global_model:
-        ctx.load_client(-1)
-        pooled = MulticlassAccuracy(data.num_classes, average="micro").to(fabric.device)
-        for logits, y in m.eval_pass(data.pooled_test(), start=fabric.global_rank, stride=fabric.world_size):
-            pooled.update(logits.argmax(1), y)
+    if shared is not None:  # every process holds every prediction: no sum across processes
+        pooled = MulticlassAccuracy(data.num_classes, average="micro", sync_on_compute=False).to(fabric.device)
+        pooled.update(shared.preds, shared.labels)
         metrics["test/acc_global_micro"] = float(pooled.compute())
     return metrics
+
+
+def shares_global_passes(ctx: EvalContext) -> bool:
+    """Whether a client may take the global model's predictions as its own when its model holds the same tensors:
+    the module predicts through its model alone, and evaluation batches are not augmented (`data.eval_augment`
+    draws per client and batch) nor transformed per owner."""
+    d = ctx.cfg.data
+    return (predicts_with_model(ctx.module) and not (d.eval_augment and d.augment)
+            and ctx.data.pooled_test().owner is None)

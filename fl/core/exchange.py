@@ -14,6 +14,8 @@ import torch.distributed as dist
 if TYPE_CHECKING:  # Lightning loads with the run, not with a method or an evaluator
     from lightning.fabric import Fabric
 
+    from fl.core.divergence import Divergence
+
 
 @dataclass
 class LocalResult:
@@ -22,7 +24,7 @@ class LocalResult:
     state: dict[str, Any]
     message: dict[str, Any]
     logs: dict[str, float]
-    fault: Optional[str] = None
+    fault: Optional[Divergence] = None  # a non-finite loss or parameter: where (round, client, method, reason)
     bytes_up: int = 0  # tensors and arrays sent to the server (parameters and message)
     bytes_down: int = 0  # tensors and arrays of the server's broadcast to this client
     norms: Optional[tuple[float, float]] = None  # (its upload's parameter norm, the initial model's of the same)

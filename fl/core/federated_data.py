@@ -117,6 +117,9 @@ class ClientData:
     test: Split
     domain: int = 0
     val: Optional[Split] = None  # held out of the client's training data (data.val_fraction), for model selection
+    # positions of the test samples in FederatedData.global_test when they are its rows, images unchanged
+    # (data.test_split=official without a client transform): a model shared by clients scores each of them once
+    test_rows: Optional[Tensor] = None
 
     def splits(self) -> list[Split]:
         return [self.train, self.test] + ([self.val] if self.val is not None else [])
@@ -195,6 +198,15 @@ class FederatedData:
             self._pooled_test = Split.cat([c.test for c in self.clients])
         return self._pooled_test
 
+    def pooled_test_rows(self, cid: int) -> Optional[Tensor | slice]:
+        """Where client cid's test samples are in `pooled_test()`: its slice of the union of the clients' test splits,
+        or its positions in the global test set it was drawn from (`ClientData.test_rows`); None when they are not
+        rows of it."""
+        if self.global_test is None:
+            start = sum(len(c.test) for c in self.clients[:cid])
+            return slice(start, start + len(self.clients[cid].test))
+        return self.clients[cid].test_rows
+
     def pooled_train(self) -> Split:
         """The training data of the clients that train (new clients' data stays theirs)."""
         return Split.cat([c.train for c in self.clients[:self.num_train_clients]])
@@ -219,7 +231,9 @@ class FederatedData:
 
     def to(self, device, dtype: Optional[torch.dtype] = None) -> FederatedData:
         move = lambda s: None if s is None else s.to(device, dtype)  # noqa: E731
-        clients = [ClientData(move(c.train), move(c.test), c.domain, move(c.val)) for c in self.clients]
+        rows = lambda t: None if t is None else t.to(device)  # noqa: E731
+        clients = [ClientData(move(c.train), move(c.test), c.domain, move(c.val), rows(c.test_rows))
+                   for c in self.clients]
         target = None if self.target is None else Target(self.target.distribution, move(self.target.val),
                                                          move(self.target.test))
         return dataclasses.replace(self, clients=clients, global_test=move(self.global_test),

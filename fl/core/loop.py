@@ -58,7 +58,13 @@ LOOP_METRICS: Directions = {"train/clients": NEITHER, "comm/bytes_up": LOWER, "c
 
 
 class TrainingFault(RuntimeError):
-    """A non-finite loss or parameter: the run stops, the last good checkpoint is left as it was."""
+    """A non-finite loss or parameter: the run stops, the last good checkpoint is left as it was. `where` (round,
+    client, method, reason) is what summary.json records of the stop, as for a divergence: the run has ended, and
+    the same seed would stop there again."""
+
+    def __init__(self, message: str, where: Optional[Divergence] = None):
+        super().__init__(message)
+        self.where = where
 
 
 class Diverged(TrainingFault):
@@ -66,12 +72,20 @@ class Diverged(TrainingFault):
     the run stops, the last checkpoint is left as it was."""
 
     def __init__(self, where: Divergence):
-        super().__init__(describe(where))
-        self.where = where
+        super().__init__(describe(where), where)
 
 
 def describe(where: Divergence) -> str:
     return f"method '{where.method}' diverged at client {where.client}, round {where.round}: {where.reason}"
+
+
+NON_FINITE = "non-finite loss or parameters"
+
+
+def non_finite(where: Divergence) -> TrainingFault:
+    """The non-finite guard's stop: the message names the method, client and round."""
+    return TrainingFault(f"{where.reason} in method '{where.method}', client {where.client}, round {where.round}",
+                         where)
 
 
 class Interrupted(RuntimeError):
@@ -279,7 +293,7 @@ class Orchestrator:
         mean, results = exchange(fabric, uploads.sum, results)
         faults = [r.fault for r in results if r.fault]
         if faults:
-            raise TrainingFault(faults[0])
+            raise non_finite(faults[0])
         if self.diverged is None:
             self.check_divergence(rnd, results)
 
@@ -388,7 +402,9 @@ class Orchestrator:
         state = self.store.get(cid)
         optimizer = self.fabric.setup_optimizers(m.configure_optimizers())
         if m.keep_optimizer_state and state is not None and "optimizer" in state:
-            optimizer.load_state_dict(state["optimizer"])
+            # a copy: on the CPU load_state_dict keeps the stored tensors, and the steps below would change them in
+            # place, so a checkpoint of the round before (a Ctrl-C mid-round) would hold this round's moments
+            optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
             for group in optimizer.param_groups:  # the stored lr is last round's; the schedule sets this one's
                 group["lr"] = m.lr
         t = self.cfg.trainer
@@ -404,7 +420,7 @@ class Orchestrator:
             evaluator.on_local_model(ctx, cid)
         norm = parameter_norm(upload.params)  # non-finite exactly when a parameter is
         fault = None if math.isfinite(logs.get("loss", 0.0)) and math.isfinite(norm) else (
-            f"non-finite loss or parameters in method '{self.cfg.method.name}', client {cid}, round {ctx.round}")
+            Divergence(ctx.round, cid, self.cfg.method.name, NON_FINITE))
         new_state = self.with_loss_scale(m.client_state())
         if m.keep_optimizer_state:
             new_state["optimizer"] = to_cpu(optimizer.state_dict())
@@ -425,8 +441,7 @@ class Orchestrator:
         for evaluator in self.evaluators:
             evaluator.on_local_model(ctx, m.cid)
         fault = None if math.isfinite(logs.get("loss", 0.0)) and all_finite(m.private_state()) else (
-            f"non-finite loss or parameters in method '{self.cfg.method.name}' (fine-tuning), client {m.cid}, "
-            f"round {ctx.round}")
+            Divergence(ctx.round, m.cid, self.cfg.method.name, f"{NON_FINITE} (fine-tuning)"))
         result = LocalResult(m.cid, self.with_loss_scale(m.client_state()), {}, logs, fault,
                              bytes_down=self._last_broadcast_bytes if first else 0)
         return Upload(weight=float(m.num_train)), result

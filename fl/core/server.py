@@ -7,7 +7,8 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from fl.core.aggregation import Uploads, make_aggregator
+from fl.core import registry
+from fl.core.aggregation import Uploads
 from fl.core.client import ClientModule, Upload
 from fl.core.context import RoundContext
 from fl.core.federated_data import FederatedData
@@ -22,7 +23,8 @@ class Server:
     broadcast(cid)                      payload sent to a client before local training and evaluation
     weight(cid, upload)                 raw aggregation weight of an upload (default: n_i)
     aggregate(uploads)                  the round's new shared parameters from its uploads (fl/core/aggregation.py);
-                                        default: `server.aggregator`, the float64 weighted mean unless set
+                                        default: `server.aggregator.name` (fl/aggregators/), the float64 weighted
+                                        mean unless set
     server_step(ctx, mean, messages)    [fabric.call] mean = what `aggregate` returned (the weighted mean of the
                                         uploaded params over all clients of the round by default);
                                         messages = {cid: message}, in client order
@@ -47,15 +49,17 @@ class Server:
         self.cfg = cfg
         self.hp = cfg.method
         self.global_params: dict[str, Tensor] = {}
-        self.aggregator = make_aggregator(cfg.server.aggregator, float(cfg.server.trim_fraction))
+        self.aggregation = cfg.server.aggregator  # the aggregator's block: its name and settings
+        registry.load_plugins()
+        self.aggregator = registry.AGGREGATORS[self.aggregation.name]
 
     @property
     def needs_every_upload(self) -> bool:
-        return self.aggregator.needs_every_upload
+        return not self.aggregator.streams
 
     @classmethod
     def own_aggregation(cls, hp: DictConfig) -> Optional[str]:
-        """Why `server.aggregator` cannot replace this method's aggregation (config validation refuses any but
+        """Why `server.aggregator.name` cannot replace this method's aggregation (config validation refuses any but
         mean, with this reason); None: any aggregator may. A method that overrides `aggregate` has its own."""
         if cls.aggregate is not Server.aggregate:
             return "its server aggregates the uploads itself"
@@ -76,7 +80,8 @@ class Server:
         return upload.weight
 
     def aggregate(self, uploads: Uploads) -> dict[str, Tensor]:
-        return self.aggregator(uploads)
+        """The chosen aggregator over the uploads, from the global model the clients received."""
+        return self.aggregator.fn(uploads, self.global_params, self.aggregation)
 
     def server_step(self, ctx: RoundContext, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
         if mean:

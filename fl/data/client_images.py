@@ -31,6 +31,7 @@ def change_images(clients: list[ClientData], d: DictConfig, seed: int):
                           "transform: use it with data.client_transform.after_augment=false")
     num_clients = len(clients)
     for cid, c in enumerate(clients if plugin is not None else []):
+        c.test_rows = None  # its test images are shifted: no longer the global test set's rows
         if c.train.x.dtype != torch.uint8 or c.train.x.dim() != 4 or c.train.x.shape[1] != 3:  # colour shifts
             raise ConfigError(f"data.client_transform.name={s.name!r} needs uint8 RGB images [N, 3, H, W]; "
                               f"data.name={d.name!r} gives {c.train.x.dtype} {list(c.train.x.shape[1:])}")
@@ -47,6 +48,7 @@ def change_images(clients: list[ClientData], d: DictConfig, seed: int):
     if new.corruption != "none":  # pFedFDA Table 4: every image of the new clients, train and test alike
         frost_dir = frost_dir_default()
         for cid in range(d.num_clients - new.count, d.num_clients):
+            clients[cid].test_rows = None  # corrupted: no longer the global test set's rows
             gen = generator(seed, 0, cid, "new-client-corruption")
             map_images(clients[cid].splits(), functools.partial(
                 corrupt, name=new.corruption, severity=new.severity, gen=gen, frost_dir=frost_dir))

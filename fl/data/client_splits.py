@@ -52,14 +52,15 @@ def split_clients(parts: list[np.ndarray], h: HeldOut, d: DictConfig,
     num_keys = int(max(keys.max(), -1 if official_keys is None else official_keys.max())) + 1
     clients, index_lists = [], []
     for train_pos, test_pos, val_pos, test_mix in drawn:
-        test_split = h.source
+        test_split, test_rows = h.source, None
         if test_pos is None:  # this client's (domain, label) mix, before its validation split
             want = np.bincount(keys[test_mix], minlength=num_keys).astype(float)
             test_pos, test_split = proportional_sample(official_keys, want, test_rng), h.official
+            test_rows = torch.from_numpy(test_pos)  # rows of the global test set (federate: global_test=h.official)
         train = h.source.subset(torch.from_numpy(train_pos))
         val = None if val_pos is None else h.source.subset(torch.from_numpy(val_pos))
         dom = int(torch.mode(train.domain).values) if train.domain is not None else 0
-        clients.append(ClientData(train, test_split.subset(torch.from_numpy(test_pos)), dom, val))
+        clients.append(ClientData(train, test_split.subset(torch.from_numpy(test_pos)), dom, val, test_rows))
         index_lists += [train_pos, test_pos] + ([val_pos] if val_pos is not None else [])
     return clients, index_lists
 

@@ -50,4 +50,4 @@ def resolve(cfg) -> None:
                           f"(got model.norm={cfg.model.norm!r})")
 
 
-register_method("fedbn", FedBNConfig, FedBNClient, Server, resolve)
+register_method("fedbn", FedBNConfig, FedBNClient, Server, resolve, needs=("model.norm=batch",))

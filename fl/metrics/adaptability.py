@@ -99,12 +99,13 @@ def local_probability_matrix(module, split) -> tuple[Tensor, Tensor]:
     return sums, counts
 
 
-def class_counts(ctx: EvalContext, start: int = 0, stride: int = 1, sync: bool = True) -> tuple[Tensor, Tensor]:
-    """Correct and total predictions per true class of the loaded model on the pooled test set."""
+def class_counts(ctx: EvalContext) -> tuple[Tensor, Tensor]:
+    """Correct and total predictions per true class of the loaded model (a local one) on the pooled test set, scored
+    on this process alone."""
     from fl.core import GroupedAccuracy  # a torchmetrics Metric: loads with the first evaluation
 
-    counts = GroupedAccuracy(ctx.data.num_classes, sync_on_compute=sync).to(ctx.fabric.device)
-    for logits, y in ctx.module.eval_pass(ctx.data.pooled_test(), start=start, stride=stride):
+    counts = GroupedAccuracy(ctx.data.num_classes, sync_on_compute=False).to(ctx.fabric.device)
+    for logits, y in ctx.module.eval_pass(ctx.data.pooled_test()):
         counts.update(logits.argmax(1), y)
     return counts.counts()
 
@@ -142,7 +143,7 @@ class Adaptability(Evaluator):
         """Per-class test errors and KL(P || Q) of client cid's freshly trained local model."""
         if cid < 0 or not self.active(ctx.cfg, ctx.round):
             return
-        correct, total = class_counts(ctx, sync=False)
+        correct, total = class_counts(ctx)
         sums, n = local_probability_matrix(ctx.module, ctx.data.clients[cid].train)
         present = n > 0
         P = sums / n.clamp_min(1)[:, None]
@@ -193,11 +194,14 @@ class GlobalAccuracy(Evaluator):
         return super().logged_directions(cfg, client_cls) if client_cls.has_global_model else {}
 
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
+        from fl.core import GroupedAccuracy  # a torchmetrics Metric: loads with the first evaluation
+
         if not ctx.module.has_global_model:
             return {}
-        ctx.load_client(-1)
-        # strided shards of the pooled test set, summed over processes
-        correct, total = (t.cpu() for t in class_counts(ctx, ctx.fabric.global_rank, ctx.fabric.world_size))
+        shared = ctx.global_predictions()  # made once per evaluation; every process holds all of them
+        counts = GroupedAccuracy(ctx.data.num_classes, sync_on_compute=False).to(ctx.fabric.device)
+        counts.update(shared.preds, shared.labels)
+        correct, total = (t.cpu() for t in counts.counts())
         has = total > 0
         acc = correct / total.clamp_min(1)
         pi_bar = mean_label_distribution(ctx.data.label_counts("train"))

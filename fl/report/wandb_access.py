@@ -52,9 +52,21 @@ def jsonl_key(key: str) -> str:
 
 
 def transaction_log_history(path: Path):
-    """The history rows ({key: value}) that a W&B run's local transaction log (run-<id>.wandb) holds. The file is
-    a LevelDB-style log of 32 KiB blocks of wandb protobuf Records, written a block at a time: a process killed
-    (SIGKILL) mid-run leaves only the blocks written so far, so this is what W&B will have of that process."""
+    """The history rows ({key: value}) that a W&B run's local transaction log (run-<id>.wandb) holds
+    (`transaction_log_records`)."""
+    for record in transaction_log_records(path):
+        if record.WhichOneof("record_type") == "history":
+            row = {}
+            for item in record.history.item:
+                with contextlib.suppress(ValueError):
+                    row[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+            yield row
+
+
+def transaction_log_records(path: Path):
+    """The wandb protobuf Records a W&B run's local transaction log (run-<id>.wandb) holds. The file is a
+    LevelDB-style log of 32 KiB blocks of Records, written a block at a time: a process killed (SIGKILL) mid-run
+    leaves only the blocks written so far, so this is what W&B will have of that process."""
     from wandb.proto import wandb_internal_pb2
 
     data = Path(path).read_bytes()
@@ -79,12 +91,7 @@ def transaction_log_history(path: Path):
             record.ParseFromString(raw)
         except Exception:  # a damaged record: skip it
             continue
-        if record.WhichOneof("record_type") == "history":
-            row = {}
-            for item in record.history.item:
-                with contextlib.suppress(ValueError):
-                    row[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
-            yield row
+        yield record
 
 
 def local_last_round(wandb_dir: Path, run_id: str) -> int:

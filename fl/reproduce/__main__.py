@@ -1,5 +1,9 @@
 import sys
 
-from fl.reproduce.cli import main
+from fl.run.cpu_threads import sleep_at_barriers
+
+sleep_at_barriers()  # before torch loads (fl/run/cpu_threads.py)
+
+from fl.reproduce.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -39,6 +39,7 @@ class Cell:
     n: int = 0
     seeds: dict = field(default_factory=dict)      # seed -> value, in the paper's units
     chosen: dict = field(default_factory=dict)     # seed -> the run used (its directory name)
+    sources: dict = field(default_factory=dict)    # seed -> the run used (its directory)
     notes: list[str] = field(default_factory=list)  # diverged runs, repeats, missing values
     runs: int = 0                                   # finished runs found for the cell (all variants and seeds)
 
@@ -113,5 +114,6 @@ def make_cell(runs: list[Run], metric: str, stat: str, select: Optional[str], fa
             continue
         cell.seeds[seed] = value * factor
         cell.chosen[seed] = run.name
+        cell.sources[seed] = run.source
     cell.mean, cell.std, cell.n = mean_std(list(cell.seeds.values()))
     return cell

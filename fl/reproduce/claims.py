@@ -1,4 +1,5 @@
-"""A paper's qualitative claims as checks over its table cells, each reported HOLDS, FAILS or UNRESOLVED.
+"""A paper's qualitative claims as checks over its table cells, each reported HOLDS, FAILS, UNRESOLVED or, over
+several columns or rows, HOLDS in k of n.
 
 Our value of a cell is the mean ± sample std over seeds (fl/reproduce/cells.py), in the paper's units. Two cells'
 seed spreads OVERLAP when their intervals [mean - std, mean + std] intersect; a rule never picks a winner between
@@ -12,38 +13,44 @@ UNRESOLVED too. The rules:
   are equal points, UNRESOLVED when they overlap.
 - rank (A ranks k-th or better in its column): each other row B is certainly above A when "B better than A" HOLDS,
   possibly above when "A better than B" does not HOLD. A's rank lies in [1 + certainly above, 1 + possibly above];
-  HOLDS when the worst of it is <= k, FAILS when the best of it is > k, else UNRESOLVED.
-- spearman (our ranking of a column's rows agrees with the paper's: Spearman's rho >= r): rho of our means against
-  the paper's means, and rho of each seed's values (the seeds are paired: seed s is the same data split for every
-  method). HOLDS when rho of the means and of every seed is >= r, FAILS when all are < r, else UNRESOLVED (the seeds
-  disagree). Needs 3 rows and 2 seeds that every row has.
+  HOLDS when the worst of it is <= k, FAILS when the best of it is > k, else UNRESOLVED. A row the paper prints
+  with exactly A's number there (the claim's `ties`) is a tie, as in the paper: it counts against A only when it is
+  certainly above A, never for merely overlapping it.
+- spearman (our ranking of a column's rows agrees with the paper's): rho of our means against the paper's means,
+  and rho of each seed's values (the seeds are paired: seed s is the same data split for every method), against
+  the one-sided 5% critical value of Spearman's rho for the number of rows that ran (fl/reproduce/spearman.py:
+  exact, 0.536 for 11 rows, 1 for 4). HOLDS when rho of the means and of every seed reach it, FAILS when none
+  does, else UNRESOLVED (the seeds disagree). Needs 2 seeds that every row has, and 4 rows: no ranking of 3 rows
+  is significant at 5% (the best has p = 1/6).
 - within (A is within t of the paper's number, in the table's units): HOLDS when A's interval lies inside [paper - t,
   paper + t], FAILS when it lies wholly outside, else UNRESOLVED. Checked at --scale paper only: a twin's absolute
   numbers are not the paper's.
 
-A claim over several columns (`columns:`) or rows (`rows:`) is one check per column or row: it HOLDS when every check
-holds, FAILS when any fails, and is otherwise UNRESOLVED. A check whose cells were not run at this scale is left out
-and named; a claim none of whose checks could run is reported as not checked at this scale.
+A claim over several columns (`columns:`) or rows (`rows:`) is one check per column or row; n counts those whose
+cells exist at this scale (a column with no sweep here, or a cell the twin cannot run, is named and left out; one
+outside the twin's time budget counts, not run). It FAILS when any check fails, HOLDS only when all n checks ran
+and hold, is PARTIAL, printed `HOLDS in k of n`, when k >= 1 checks hold and none fails, and is otherwise
+UNRESOLVED. A claim none of whose checks ran is reported as not checked at this scale.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
 from fl.reproduce.cells import Cell, CellKey
-from fl.reproduce.spec import Claim, Paper, ReproduceError, Table
+from fl.reproduce.claim_cells import cells_of, instances, paper_mean, stated_ties
+from fl.reproduce.paper import Claim, Paper, Table
+from fl.reproduce.spearman import critical_rho, p_value, spearman_rho
 
-HOLDS, FAILS, UNRESOLVED = "HOLDS", "FAILS", "UNRESOLVED"
-RULES = ("better", "rank", "spearman", "within")
-CELL_FIELDS = ("table", "column", "row")
+HOLDS, FAILS, UNRESOLVED, PARTIAL = "HOLDS", "FAILS", "UNRESOLVED", "PARTIAL"
 
 
 @dataclass
 class Check:
-    label: str            # which column / row this check is about
+    label: str              # which column / row this check is about
     verdict: Optional[str]  # None: its cells were not run at this scale
     detail: str
+    counts: bool = True     # whether it is one of the claim's n at this scale (False: no cell of it exists here)
 
 
 @dataclass
@@ -53,60 +60,21 @@ class ClaimResult:
     checks: list[Check] = field(default_factory=list)
     note: str = ""                   # why it was not checked, or the known reason beside a twin's failure
 
+    @property
+    def held(self) -> int:
+        return sum(c.verdict == HOLDS for c in self.checks)
 
-# ---- the claim's cells --------------------------------------------------------------------------------------
-def _instances(claim: Claim) -> list[tuple[str, dict]]:
-    """(label, params with `column` / `row` filled in) for each column or row the claim is checked on."""
-    p = claim.params
-    if "columns" in p:
-        return [(c, {**p, "column": c}) for c in p["columns"]]
-    if "rows" in p:
-        return [(r, {**p, "row": r}) for r in p["rows"]]
-    return [("", p)]
+    @property
+    def named(self) -> int:
+        """n: the checks whose cells exist at this scale, run or not."""
+        return sum(c.counts for c in self.checks)
 
-
-def _cell(params: dict, which: str) -> CellKey:
-    """The cell named by params[which] ({table, column, row}, missing fields from the claim's own)."""
-    ref = params.get(which) or {}
-    if isinstance(ref, str):
-        ref = {"row": ref}
-    return CellKey(*(ref.get(k, params.get(k)) for k in CELL_FIELDS))
-
-
-def cells_of(claim: Claim) -> list[list[CellKey]]:
-    """For each check of the claim, the cells it reads (spearman and rank: every row of the column)."""
-    return [[_cell(p, w) for w in ("a", "b") if w in p] or [CellKey(p.get("table"), p.get("column"), p.get("row"))]
-            for _, p in _instances(claim)]
-
-
-def check_claim(paper: Paper, claim: Claim) -> None:
-    """ReproduceError naming the claim and field when its rule is unknown or a cell it names does not exist."""
-    where = f"{paper.path.name}: claims({claim.id})"
-    if claim.rule not in RULES:
-        raise ReproduceError(f"{where}.rule: {claim.rule!r} is not valid; choices: {', '.join(RULES)}")
-    for key, kind in (("margin", (int, float)), ("tolerance", (int, float)), ("min_rho", (int, float)),
-                      ("rank", int)):
-        if key in claim.params and (not isinstance(claim.params[key], kind) or isinstance(claim.params[key], bool)):
-            raise ReproduceError(f"{where}.{key}: expected a number")
-    need = {"better": ("a", "b"), "rank": ("rank",), "spearman": ("min_rho",), "within": ("tolerance",)}[claim.rule]
-    missing = [k for k in need if k not in claim.params]
-    if missing:
-        raise ReproduceError(f"{where}: rule {claim.rule} needs {', '.join(need)}; {missing[0]} is missing")
-    for keys in cells_of(claim):
-        for key in keys:
-            try:
-                table = paper.table(key.table)
-            except ReproduceError:
-                raise ReproduceError(f"{where}: table {key.table!r} is not one of "
-                                     f"{', '.join(t.id for t in paper.tables)}") from None
-            if key.column not in {c.id for c in table.columns}:
-                raise ReproduceError(f"{where}: column {key.column!r} is not a column of {table.id}")
-            if key.row is not None and key.row not in {r.method for r in table.rows}:
-                raise ReproduceError(f"{where}: row {key.row!r} is not a row of {table.id}")
-            if claim.rule in ("better", "within", "rank") and key.row is None:
-                raise ReproduceError(f"{where}: rule {claim.rule} needs a row")
-        if claim.rule == "better" and len({k.table for k in keys}) > 1:
-            raise ReproduceError(f"{where}: a and b must be cells of one table (one unit, one direction)")
+    @property
+    def label(self) -> str:
+        """The verdict as printed: PARTIAL is `HOLDS in k of n`."""
+        if self.verdict is None:
+            return "NOT CHECKED"
+        return f"HOLDS in {self.held} of {self.named}" if self.verdict == PARTIAL else self.verdict
 
 
 # ---- the rules ---------------------------------------------------------------------------------------------
@@ -142,7 +110,8 @@ def better(a: Cell, b: Cell, table: Table, margin: float = 0.0) -> tuple[str, st
     return verdict, f"{fmt(a, n)} vs {fmt(b, n)}: {gap}: {shape}"
 
 
-def rank(target: str, cells: dict[str, Cell], table: Table, k: int) -> tuple[str, str]:
+def rank(target: str, cells: dict[str, Cell], table: Table, k: int, ties: tuple = ()) -> tuple[str, str]:
+    """The `rank` rule (module docstring); `ties`: the rows the paper ties with the target in this column."""
     a, n = cells[target], table.digits
     why = _spread(a)
     others = {m: c for m, c in cells.items() if m != target and c.n}
@@ -152,11 +121,14 @@ def rank(target: str, cells: dict[str, Cell], table: Table, k: int) -> tuple[str
     sign = -1.0 if table.lower_is_better else 1.0
     by_mean = 1 + sum(sign * (c.mean - a.mean) > 0 for c in others.values())
     above = [m for m, c in others.items() if m not in thin and better(c, a, table)[0] == HOLDS]
-    maybe = [m for m, c in others.items() if m in thin or better(a, c, table)[0] != HOLDS]
+    maybe = [m for m, c in others.items() if m in above or (m not in ties and (
+        m in thin or better(a, c, table)[0] != HOLDS))]
     best, worst = 1 + len(above), 1 + len(maybe)
     verdict = HOLDS if worst <= k else FAILS if best > k else UNRESOLVED
     text = (f"{target} {fmt(a, n)} ranks {by_mean} of {len(others) + 1} by mean; by the seed spreads {best}"
             + (f" to {worst}" if worst != best else "") + f" (needs {k} or better)")
+    if ties:
+        text += f"; tied with it in the paper, so not counted above it unless certainly above: {', '.join(ties)}"
     if above:
         text += f"; certainly above it: {', '.join(above)}"
     if verdict == UNRESOLVED:
@@ -164,40 +136,25 @@ def rank(target: str, cells: dict[str, Cell], table: Table, k: int) -> tuple[str
     return verdict, text
 
 
-def spearman_rho(xs: list[float], ys: list[float]) -> float:
-    """Spearman's rank correlation (ties get their mean rank); 0.0 when either side is constant."""
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        out = [0.0] * len(v)
-        i = 0
-        while i < len(v):
-            j = i
-            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for t in range(i, j + 1):
-                out[order[t]] = (i + j) / 2 + 1
-            i = j + 1
-        return out
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.mean(rx), statistics.mean(ry)
-    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    den = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
-    return num / den if den else 0.0
-
-
-def spearman(ours: dict[str, Cell], paper: dict[str, float], min_rho: float) -> tuple[str, str]:
+def spearman(ours: dict[str, Cell], paper: dict[str, float]) -> tuple[str, str]:
+    """The `spearman` rule (module docstring), against the critical value for the rows that ran."""
     rows = [m for m in paper if m in ours and ours[m].n]
-    if len(rows) < 3:
-        return UNRESOLVED, f"{len(rows)} rows with both numbers; needs 3"
+    critical = critical_rho(len(rows))
+    if critical is None:
+        return UNRESOLVED, (f"{len(rows)} rows with both numbers: no ranking of {len(rows)} rows is significant at "
+                            "the one-sided 5% level (needs 4 rows)")
     rho = spearman_rho([ours[m].mean for m in rows], [paper[m] for m in rows])
     seeds = sorted(set.intersection(*(set(ours[m].seeds) for m in rows)), key=str)
     per_seed = [spearman_rho([ours[m].seeds[s] for m in rows], [paper[m] for m in rows]) for s in seeds]
-    text = (f"rho = {rho:.2f} over {len(rows)} rows (means); per seed: "
-            + (", ".join(f"{r:.2f}" for r in per_seed) or "none shared by every row") + f" (needs >= {min_rho:g})")
+    p = p_value(len(rows), rho)
+    text = (f"rho = {rho:.2f} over {len(rows)} rows (means" + (f", one-sided p = {p:.3f}" if p is not None else "")
+            + "); per seed: " + (", ".join(f"{r:.2f}" for r in per_seed) or "none shared by every row")
+            + f" (needs >= {critical:.3f}, the one-sided 5% critical value for {len(rows)} rows)")
     if len(seeds) < 2:
         return UNRESOLVED, text + "; fewer than 2 seeds shared by every row"
     values = [rho, *per_seed]
-    verdict = HOLDS if all(v >= min_rho for v in values) else FAILS if all(v < min_rho for v in values) else UNRESOLVED
+    reach = [v >= critical - 1e-9 for v in values]  # rho lies on a grid of 6 / (n (n^2 - 1)): float rounding only
+    verdict = HOLDS if all(reach) else FAILS if not any(reach) else UNRESOLVED
     return verdict, text + ("; the seeds disagree" if verdict == UNRESOLVED else "")
 
 
@@ -214,14 +171,31 @@ def within(a: Cell, paper: Optional[float], tolerance: float, digits: int = 2) -
 
 
 # ---- evaluation ---------------------------------------------------------------------------------------------
-def _column_cells(paper: Paper, results: dict[CellKey, Cell], table: Table, column: str) -> dict[str, Cell]:
+def _column_cells(results: dict[CellKey, Cell], table: Table, column: str) -> dict[str, Cell]:
     return {r.method: results[CellKey(table.id, column, r.method)] for r in table.rows
             if CellKey(table.id, column, r.method) in results}
 
 
-def paper_value(table: Table, column: str, row: str) -> Optional[float]:
-    value = table.row(row).paper.get(table.column(column).paper_column)
-    return None if value is None else value[0]
+def exists_at(paper: Paper, key: CellKey, scale: str) -> bool:
+    """Whether a cell has a run at this scale at all: its column has a sweep here and (twin) the row is not one the
+    twin cannot run. A cell outside the twin's time budget exists (--every-cell runs it)."""
+    column = paper.table(key.table).column(key.column)
+    if column.refs[scale] is None:
+        return False
+    return not (scale == "twin" and key.row is not None and key.row in column.twin_skip)
+
+
+def combine(checks: list[Check]) -> Optional[str]:
+    """The claim's verdict from its checks (module docstring); None when none ran."""
+    ran = [c.verdict for c in checks if c.verdict is not None]
+    if not ran:
+        return None
+    if FAILS in ran:
+        return FAILS
+    held = ran.count(HOLDS)
+    if held == len(ran) and len(ran) == sum(c.counts for c in checks):
+        return HOLDS
+    return PARTIAL if held else UNRESOLVED
 
 
 def evaluate(paper: Paper, claim: Claim, results: dict[CellKey, Cell], scale: str) -> ClaimResult:
@@ -229,32 +203,34 @@ def evaluate(paper: Paper, claim: Claim, results: dict[CellKey, Cell], scale: st
     if scale not in claim.scales:
         return ClaimResult(claim, None, note=f"checked at --scale {' / '.join(claim.scales)} only")
     checks = []
-    for (label, p), keys in zip(_instances(claim), cells_of(claim)):
+    for (label, p), keys in zip(instances(claim), cells_of(claim)):
         table = paper.table(keys[0].table)
-        column_cells = _column_cells(paper, results, table, keys[0].column)
+        column_cells = _column_cells(results, table, keys[0].column)
         if claim.rule == "spearman":  # its key names the column only: it reads every row run there
-            missing = [] if column_cells else [keys[0]]
+            needed = [keys[0]]
+            missing = [] if column_cells else needed
         else:
-            missing = [k for k in (keys if claim.rule in ("better", "within") else keys[:1]) if k not in results]
+            needed = keys if claim.rule in ("better", "within") else keys[:1]
+            missing = [k for k in needed if k not in results]
         if missing:
             checks.append(Check(label, None, ", ".join(
-                f"{k.table}/{k.column}/{k.row}" if k.row else f"{k.table}/{k.column}" for k in missing)))
+                f"{k.table}/{k.column}/{k.row}" if k.row else f"{k.table}/{k.column}" for k in missing),
+                all(exists_at(paper, k, scale) for k in needed)))
             continue
         if claim.rule == "better":
             verdict, text = better(results[keys[0]], results[keys[1]], table, float(p.get("margin", 0.0)))
         elif claim.rule == "rank":
-            verdict, text = rank(keys[0].row, column_cells, table, int(p["rank"]))
+            verdict, text = rank(keys[0].row, column_cells, table, int(p["rank"]),
+                                 tuple(stated_ties(claim, keys[0].column)))
         elif claim.rule == "spearman":
-            numbers = {r.method: paper_value(table, keys[0].column, r.method) for r in table.rows}
-            verdict, text = spearman(column_cells, {m: v for m, v in numbers.items() if v is not None},
-                                     float(p["min_rho"]))
+            numbers = {r.method: paper_mean(table, keys[0].column, r.method) for r in table.rows}
+            verdict, text = spearman(column_cells, {m: v for m, v in numbers.items() if v is not None})
         else:
-            verdict, text = within(results[keys[0]], paper_value(table, keys[0].column, keys[0].row),
+            verdict, text = within(results[keys[0]], paper_mean(table, keys[0].column, keys[0].row),
                                    float(p["tolerance"]), table.digits)
         checks.append(Check(label, verdict, text))
-    ran = [c.verdict for c in checks if c.verdict is not None]
-    if not ran:
+    verdict = combine(checks)
+    if verdict is None:
         return ClaimResult(claim, None, checks, note="its cells were not run at this scale")
-    verdict = FAILS if FAILS in ran else HOLDS if all(v == HOLDS for v in ran) else UNRESOLVED
     note = claim.twin_note if scale == "twin" and verdict != HOLDS else ""
     return ClaimResult(claim, verdict, checks, note)

@@ -4,24 +4,28 @@ paper's own numbers.
     python -m fl.reproduce PAPER [--table ID] [--scale twin|paper] [--seeds N] [--dry-run] [--every-cell]
                                  [--parallel N] [--out DIR] [key=value ...]
     python -m fl.reproduce --all [--scale twin|paper] [--seeds N] [--dry-run] ...
+    python -m fl.reproduce PAPER --check [--runs N] [--record FILE] [--parallel N]
 
 The paper's numbers and claims are data (fl/reproduce/papers/PAPER.yaml). The command runs the runs that are missing
 through fl.sweep's runner (a finished run is reused, a run made with another config stops the command; W&B groups
 are the sweep runner's, sweep-<name>), then prints per table our mean ± std beside the paper's, both ranks and
 Spearman's rho, and each claim's verdict (HOLDS / FAILS / UNRESOLVED) with its numbers, and writes reproduce.md,
-reproduce.html (with fl.report's plots) and reproduce.json under OUT/PAPER/SCALE/. `--scale twin` runs the synthetic
+reproduce.html (with fl.report's plots) and reproduce.json (the cells, the verdicts and every run's record: overrides,
+seed, selected and final metrics, commit and package versions) under OUT/PAPER/SCALE/. `--scale twin` runs the synthetic
 twins on the embedded data on a CPU (each run with one intra-op thread, --parallel of them at once), the cells that fit
 its time budget unless --every-cell; `--scale paper` runs the paper's configs on the real datasets (a GPU's work; a
 missing dataset stops it in one line saying where to get it). `--dry-run` lists the runs and their projected time and
-runs nothing. key=value arguments go to every run.
-Exit codes: 0 done, 1 some run failed, 2 bad input (one line, nothing run), 130 interrupted.
+runs nothing. key=value arguments go to every run. `--check` re-runs the N cheapest runs of a record
+(bench/reproduce/PAPER.json unless --record) in a scratch folder and compares every recorded metric bit for bit
+(fl/reproduce/check.py). Two invocations into one --out each take a run's lock before training it: the second waits
+and reuses what the first trains.
+Exit codes: 0 done (--check: every value equal), 1 some run failed (--check: the first difference), 2 bad input (one
+line, nothing run), 130 interrupted.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -32,13 +36,20 @@ from fl.report.groups import group_runs
 from fl.report.plots import all_figures
 from fl.report.runs import BadRun, load_run_dir
 from fl.reproduce.cells import Cell, make_cell
-from fl.reproduce.claims import cells_of, evaluate
+from fl.reproduce.check import check
+from fl.reproduce.claim_cells import cells_of
+from fl.reproduce.claims import evaluate
 from fl.reproduce.compare import column_view
+from fl.reproduce.paper import ROOT, SCALES, Paper, ReproduceError
 from fl.reproduce.plan import Plan, build_plan
+from fl.reproduce.record import run_records, write_json, write_timings
 from fl.reproduce.render import Report, html_page, markdown, summary_lines
-from fl.reproduce.spec import ROOT, SCALES, Paper, ReproduceError, available_papers, load_paper
+from fl.reproduce.setting import setting_lines
+from fl.reproduce.spec import available_papers, load_paper
 from fl.reproduce.timing import duration, paper_scale, twin_seconds
 from fl.sweep.runner import run_jobs
+
+MAX_SEEDS = 100  # the papers use 3 to 8; planning one seed of a paper checks tens of run configs
 
 
 class Parser(argparse.ArgumentParser):
@@ -57,8 +68,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="list the runs and their projected time; run nothing")
     p.add_argument("--every-cell", action="store_true",
                    help="--scale twin: every twin cell, beyond the subset that fits the time budget")
+    p.add_argument("--baselines", action="store_true",
+                   help="only each table's reference baselines (FedAvg, Local, ...): the twin's calibration against "
+                        "the paper, in a few minutes (bench/calibrate_twins.py)")
     p.add_argument("--parallel", type=int, help="runs at once (default: the CPU count at twin scale, 1 at paper)")
     p.add_argument("--out", default="outputs/reproduce", help="writes OUT/<paper>/<scale>/")
+    p.add_argument("--check", action="store_true",
+                   help="re-run the cheapest runs of the paper's record and compare every recorded metric bitwise")
+    p.add_argument("--runs", type=int, default=1, help="--check: how many runs (default 1)")
+    p.add_argument("--record", help="--check: the record (default bench/reproduce/PAPER.json)")
     args = p.parse_intermixed_args(argv)
     if args.paper and "=" in args.paper:  # argparse took a key=value for the paper name
         args.overrides.insert(0, args.paper)
@@ -69,8 +87,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         raise ReproduceError(f"give a paper ({', '.join(available_papers())}) or --all, not both")
     if args.all and args.table:
         raise ReproduceError("--table names a table of one paper; give the paper instead of --all")
+    if args.check and (args.all or args.dry_run or args.table or args.overrides or args.every_cell or args.baselines):
+        raise ReproduceError("--check re-runs a record's runs with the record's own settings; give only the paper, "
+                             "--runs, --record and --parallel")
+    if args.runs < 1:
+        raise ReproduceError("--runs must be >= 1")
+    if (args.record or args.runs != 1) and not args.check:
+        raise ReproduceError("--runs and --record go with --check")
     if args.seeds < 1 or (args.parallel is not None and args.parallel < 1):
         raise ReproduceError("--seeds and --parallel must be >= 1")
+    if args.seeds > MAX_SEEDS:  # each seed is every cell's runs once more, each planned (its config checked) first
+        raise ReproduceError(f"--seeds {args.seeds} is more than {MAX_SEEDS}: each seed runs every cell once more; "
+                             f"give at most {MAX_SEEDS}")
+    blocked = next((a for a in [Path(args.out), *Path(args.out).parents] if a.exists() and not a.is_dir()), None)
+    if blocked is not None:
+        raise ReproduceError(f"--out {args.out}: {blocked} is a file, not a folder; give a folder (it is created if "
+                             "missing)")
     bad = [o for o in args.overrides if "=" not in o or o.startswith("=")]
     if bad:
         raise ReproduceError(f"argument {bad[0]!r} is not key=value")
@@ -193,7 +225,7 @@ def figures(paper: Paper, plan: Plan, runs: dict, out: Path) -> dict:
 def make_plan(paper: Paper, args: argparse.Namespace) -> Plan:
     tables = [paper.table(args.table)] if args.table else paper.tables
     return build_plan(paper, tables, args.scale, list(range(args.seeds)), out_dir(paper, args), args.overrides,
-                      args.every_cell)
+                      args.every_cell, args.baselines)
 
 
 def out_dir(paper: Paper, args: argparse.Namespace) -> Path:
@@ -215,13 +247,16 @@ def reproduce(paper: Paper, plan: Plan, args: argparse.Namespace) -> int:
     claim_results = [evaluate(paper, c, results, args.scale) for c in paper.claims
                      if not args.table or uses_table(c, args.table)]
     left = not_run_lines(paper, plan)
-    report = Report(paper, args.scale, seeds, views, claim_results, left, notes)
+    report = Report(paper, args.scale, seeds, views, claim_results, left, notes,
+                    setting=setting_lines(paper, plan, views, results))
     out.mkdir(parents=True, exist_ok=True)
     report.figures = figures(paper, plan, runs, out)
     (out / "reproduce.md").write_text(markdown(report))
     (out / "reproduce.html").write_text(html_page(report))
-    write_json(out / "reproduce.json", report, results)
-    write_timings(out / "timings.json", plan, start, load)
+    timings = write_timings(out / "timings.json", plan, start, load)
+    command = {"table": args.table, "seeds": seeds, "overrides": args.overrides, "every_cell": args.every_cell,
+               "baselines": args.baselines}
+    write_json(out / "reproduce.json", report, results, command, run_records(plan, runs, results, paper, timings))
     print(markdown(report, images=False))
     print("\n".join(summary_lines(report)))
     print(f"wrote {out / 'reproduce.md'}, {out / 'reproduce.html'}, {out / 'reproduce.json'}")
@@ -242,42 +277,21 @@ def check_data(plan: Plan) -> None:
         if job.finished or key in seen:
             continue
         seen.add(key)
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # plugins= may need it
         proc = subprocess.run([sys.executable, "-m", "fl.data.show", *argv], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              env={**os.environ, "PYTHONPATH": path})
         if proc.returncode != 0:
             lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
             raise ReproduceError((lines[-1] if lines else f"fl.data.show exited {proc.returncode}").removeprefix(
                 "error: ") + "; nothing was run")
 
 
-def write_json(path: Path, report: Report, results: dict) -> None:
-    doc = {"paper": report.paper.id, "scale": report.scale, "seeds": report.seeds,
-           "cells": [{"table": k.table, "column": k.column, "row": k.row, "mean": c.mean, "std": c.std, "n": c.n,
-                      "seeds": {str(s): v for s, v in c.seeds.items()}, "runs": c.chosen, "notes": c.notes}
-                     for k, c in results.items()],
-           "claims": [{"id": r.claim.id, "verdict": r.verdict, "note": r.note,
-                       "checks": [{"label": ch.label, "verdict": ch.verdict, "detail": ch.detail} for ch in r.checks]}
-                      for r in report.claims],
-           "left": report.left, "notes": report.notes}
-    path.write_text(json.dumps(doc, indent=2, default=str))
-
-
-def write_timings(path: Path, plan: Plan, start: float, load: float) -> None:
-    """Each run's wall and CPU time in this invocation, added to those of earlier invocations
-    (bench/reproduce_budget.py gathers them), with the load average around it."""
-    runs = {f"{g.key}/{j.run_dir.name}": {"wall_s": j.seconds, "cpu_s": j.cpu_seconds}
-            for g in plan.groups.values() for j in g.jobs.values() if j.seconds is not None}
-    old = json.loads(path.read_text()).get("runs", {}) if path.is_file() else {}
-    walls = [r["wall_s"] for r in runs.values()]
-    path.write_text(json.dumps({"runs": {**old, **runs}, "wall_s": time.time() - start,
-                                "load_start": load, "load_end": os.getloadavg()[0],
-                                "median_run_s": statistics.median(walls) if walls else None}, indent=2))
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:  # every paper's file, sweeps and run configs are checked before anything runs
         args = parse_args(argv)
+        if args.check:
+            return check(load_paper(args.paper), args.record, args.runs, args.parallel)
         papers = [load_paper(p) for p in (available_papers() if args.all else [args.paper])]
         plans = [make_plan(paper, args) for paper in papers]
         if args.scale == "paper" and not args.dry_run:
@@ -286,6 +300,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ReproduceError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     if args.dry_run:
         for paper, plan in zip(papers, plans):
             print_dry_run(paper, plan, args.parallel)

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fl.reproduce.cells import Cell, CellKey
-from fl.reproduce.claims import spearman_rho
-from fl.reproduce.spec import Column, Table
+from fl.reproduce.paper import Column, Table
+from fl.reproduce.spearman import critical_rho, spearman_rho
 
 
 @dataclass
@@ -38,6 +38,16 @@ class ColumnView:
             out.append(f"every cell equals the same seed's in `{self.same_as}`: this variant's overrides changed no "
                        "run's result, so it is no harder (or other) setting")
         return out
+
+    @property
+    def rho_text(self) -> str:
+        """rho with the critical value it is read against (fl/reproduce/spearman.py)."""
+        if self.rho is None:
+            return "Spearman's rho: fewer than 3 rows with both numbers."
+        critical = critical_rho(self.rho_rows)
+        against = (f"the one-sided 5% critical value for {self.rho_rows} rows: {critical:.3f}" if critical is not None
+                   else f"no ranking of {self.rho_rows} rows is significant at the one-sided 5% level")
+        return f"Spearman's rho, ours against the paper's means: {self.rho:.2f} over {self.rho_rows} rows ({against})."
 
     @property
     def digits(self) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fl.config import ARM, ConfigError
 from fl.reproduce.cells import CellKey
-from fl.reproduce.spec import Paper, ReproduceError, SweepRef, Table
+from fl.reproduce.paper import Paper, ReproduceError, SweepRef, Table
 from fl.sweep.runner import Job, check_reuse, plan_points
 from fl.sweep.spec import Sweep, expand, load_sweep
 
@@ -99,9 +99,10 @@ def cell_points(table: Table, column_id: str, row, scale: str, cache: dict) -> l
 
 
 def build_plan(paper: Paper, tables: list[Table], scale: str, seeds: list[int], out: Path,
-               extra: list[str], every_cell: bool = False) -> Plan:
-    """Every job the tables' cells need at `scale` (at twin scale those within the budget unless `every_cell`);
-    ReproduceError when a cell's sweep, points or configs are bad."""
+               extra: list[str], every_cell: bool = False, baselines_only: bool = False) -> Plan:
+    """Every job the tables' cells need at `scale` (at twin scale those within the budget unless `every_cell`; only
+    each table's reference-baseline rows with `baselines_only`); ReproduceError when a cell's sweep, points or configs
+    are bad."""
     plan, cache = Plan(scale, seeds), {}
     extra = [*TWIN_EXTRA, *extra] if scale == "twin" else list(extra)
     for table in tables:
@@ -109,6 +110,8 @@ def build_plan(paper: Paper, tables: list[Table], scale: str, seeds: list[int], 
             refs = column.refs[scale]
             for row in table.rows:
                 key = CellKey(table.id, column.id, row.method)
+                if baselines_only and row.method not in table.baselines:
+                    continue  # --baselines: a twin's calibration, not the table
                 if refs is None:
                     plan.not_run[key] = column.notes[scale] or f"no {scale} sweep for this column"
                     continue

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Optional
 
 from fl.report.html import STYLE, image_tag
-from fl.reproduce.claims import FAILS, HOLDS, ClaimResult
+from fl.reproduce.claims import FAILS, HOLDS, PARTIAL, UNRESOLVED, ClaimResult
 from fl.reproduce.compare import ColumnView
-from fl.reproduce.spec import Paper
+from fl.reproduce.paper import Paper
 
 STAT_WORDS = {"final": "its last evaluation", "last": "the mean over its last K evaluations",
               "best_val": "its round of best {select}"}
-BADGE = {HOLDS: "HOLDS", FAILS: "FAILS"}
+ORDER = [FAILS, UNRESOLVED, PARTIAL, HOLDS, None]  # the order claims are listed in
 
 
 @dataclass
@@ -26,6 +26,7 @@ class Report:
     claims: list[ClaimResult]
     left: list[str]                        # what is not run at this scale, one line each
     notes: list[str] = field(default_factory=list)   # runs that failed, were skipped or unreadable
+    setting: list[str] = field(default_factory=list)  # the Twin: line and a line per column (setting.py)
     figures: dict[str, list[tuple[str, Path]]] = field(default_factory=dict)   # table id -> fl.report's plots
 
 
@@ -57,32 +58,40 @@ def _table_md(view: ColumnView) -> list[str]:
     for ln in view.lines:
         paper = pair(*ln.paper, d) if ln.paper else "—"
         lines.append(f"| {ln.method} | {paper} | {ln.paper_rank or '—'} | {_ours(ln, d)} | {ln.our_rank or '—'} |")
-    rho = (f"Spearman's rho, ours against the paper's means: {view.rho:.2f} over {view.rho_rows} rows."
-           if view.rho is not None else "Spearman's rho: fewer than 3 rows with both numbers.")
     notes = [f"- {n}" for n in view.notes]
-    return lines + ["", rho] + ([""] + notes if notes else [])
+    return lines + ["", view.rho_text] + ([""] + notes if notes else [])
 
 
 def _claim_md(result: ClaimResult) -> list[str]:
     c = result.claim
-    verdict = result.verdict or "NOT CHECKED"
-    out = [f"- **{verdict}** `{c.id}`: {c.text} ({c.source})"]
+    out = [f"- **{result.label}** `{c.id}`: {c.text} ({c.source})"]
     out += [f"  - {ch.label + ': ' if ch.label else ''}{ch.verdict}: {ch.detail}" for ch in result.checks if ch.verdict]
-    skipped = [ch.label or ch.detail for ch in result.checks if not ch.verdict]
-    if skipped and result.verdict:
-        out.append(f"  - not run at this scale: {', '.join(skipped)}")
+    out += [f"  - {line}" for line in _skipped(result)]
     if result.note:
         out.append(f"  - {'known, measured earlier: ' if c.twin_note and result.note == c.twin_note else ''}"
                    f"{result.note}")
     return out
 
 
+def _skipped(result: ClaimResult) -> list[str]:
+    """The checks that did not run: those the claim's n counts (not run, e.g. outside the twin's budget), then those
+    with no cell at this scale (not counted)."""
+    if not result.verdict:
+        return []
+    out = []
+    for counts, words in ((True, "not run (counted in n)"), (False, "no cell at this scale (not counted)")):
+        names = [ch.label or ch.detail for ch in result.checks if not ch.verdict and ch.counts == counts]
+        out += [f"{words}: {', '.join(names)}"] if names else []
+    return out
+
+
 def markdown(report: Report, images: bool = True) -> str:
     p = report.paper
-    out = [f"# {p.title} ({p.id}): reproduction at --scale {report.scale}", "",
+    out = [f"# {p.title} ({p.id}): reproduction at --scale {report.scale}", "", *report.setting, "",
            f"Paper: {p.source}. Seeds: {', '.join(map(str, report.seeds))}. Runs: fl.sweep's, under "
-           f"`runs/` beside this file. UNRESOLVED: the seed spreads (mean ± std) overlap, or a cell has one seed; "
-           f"the rules are in fl/reproduce/claims.py.", ""]
+           f"`runs/` beside this file. UNRESOLVED: the seed spreads (mean ± std) overlap, or a cell has one seed. "
+           f"HOLDS in k of n: held in k of the n columns (or rows) that exist at this scale and failed in none. The "
+           f"rules are in fl/reproduce/claims.py.", ""]
     for table in p.tables:
         views = [v for v in report.views if v.table is table]
         if not views:
@@ -98,10 +107,8 @@ def markdown(report: Report, images: bool = True) -> str:
     checked = [r for r in report.claims if r.verdict]
     unchecked = [r for r in report.claims if not r.verdict]
     out += ["## Claims", ""]
-    for verdict in (FAILS, "UNRESOLVED", HOLDS):
-        for r in checked:
-            if r.verdict == verdict:
-                out += _claim_md(r)
+    for r in sorted(checked, key=lambda r: ORDER.index(r.verdict)):
+        out += _claim_md(r)
     if unchecked:
         out += ["", "Not checked at this scale:", ""]
         out += [f"- `{r.claim.id}`: {r.claim.text} ({r.note})" for r in unchecked]
@@ -113,9 +120,10 @@ def markdown(report: Report, images: bool = True) -> str:
 
 
 def summary_lines(report: Report) -> list[str]:
-    counts = {v: sum(r.verdict == v for r in report.claims) for v in (HOLDS, FAILS, "UNRESOLVED", None)}
-    return [f"{report.paper.id} at --scale {report.scale}: {counts[HOLDS]} claims hold, {counts[FAILS]} fail, "
-            f"{counts['UNRESOLVED']} unresolved, {counts[None]} not checked at this scale"]
+    counts = {v: sum(r.verdict == v for r in report.claims) for v in ORDER}
+    return [f"{report.paper.id} at --scale {report.scale}: {counts[HOLDS]} claims hold, {counts[PARTIAL]} hold in "
+            f"part (HOLDS in k of n), {counts[FAILS]} fail, {counts[UNRESOLVED]} unresolved, {counts[None]} not "
+            "checked at this scale"]
 
 
 # ---- HTML --------------------------------------------------------------------------------------------------
@@ -126,10 +134,13 @@ def _esc(text: str) -> str:
 def html_page(report: Report) -> str:
     p = report.paper
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_esc(p.id)}: reproduction</title>",
-           f"<style>{STYLE}\n.HOLDS{{color:#186a1e}}.FAILS{{color:#b00020}}.UNRESOLVED{{color:#8a6100}}</style>",
+           f"<style>{STYLE}\n.HOLDS{{color:#186a1e}}.FAILS{{color:#b00020}}.UNRESOLVED{{color:#8a6100}}"
+           ".PARTIAL{{color:#4a6a1e}}</style>",
            f"</head><body><h1>{_esc(p.title)} ({_esc(p.id)}): reproduction at --scale {report.scale}</h1>",
+           *[f"<p>{_esc(line.removeprefix('- '))}</p>" for line in report.setting],
            f"<p>Paper: {_esc(p.source)}. Seeds: {', '.join(map(str, report.seeds))}. UNRESOLVED: the seed spreads "
-           "(mean ± std) overlap, or a cell has one seed (fl/reproduce/claims.py).</p>"]
+           "(mean ± std) overlap, or a cell has one seed. HOLDS in k of n: held in k of the n columns (or rows) that "
+           "exist at this scale and failed in none (fl/reproduce/claims.py).</p>"]
     for table in p.tables:
         views = [v for v in report.views if v.table is table]
         if not views:
@@ -146,22 +157,18 @@ def html_page(report: Report) -> str:
                 out.append("<tr>" + "".join(f"<td class='{'l' if i in (0, 3) else ''}'>{_esc(c)}</td>"
                                             for i, c in enumerate(cells)) + "</tr>")
             out.append("</table></div>")
-            rho = f"Spearman's rho {view.rho:.2f} over {view.rho_rows} rows" if view.rho is not None else \
-                "Spearman's rho: fewer than 3 rows with both numbers"
-            out.append(f"<p class='foot'>{_esc(rho)}</p>" + "".join(f"<p class='foot'>{_esc(n)}</p>"
+            out.append(f"<p class='foot'>{_esc(view.rho_text)}</p>" + "".join(f"<p class='foot'>{_esc(n)}</p>"
                                                                    for n in view.notes))
         figures = report.figures.get(table.id, [])
         out += [f"<figure>{image_tag(path, name)}<figcaption>{_esc(name)}</figcaption></figure>"
                 for name, path in figures]
     out.append("<h2>Claims</h2><ul>")
-    for r in sorted(report.claims, key=lambda r: [FAILS, "UNRESOLVED", HOLDS, None].index(r.verdict)):
-        verdict = r.verdict or "NOT CHECKED"
+    for r in sorted(report.claims, key=lambda r: ORDER.index(r.verdict)):
         checks = "".join(f"<li>{_esc(ch.label + ': ' if ch.label else '')}<span class='{ch.verdict}'>"
                          f"{ch.verdict}</span>: {_esc(ch.detail)}</li>" for ch in r.checks if ch.verdict)
-        skipped = [ch.label or ch.detail for ch in r.checks if not ch.verdict]
-        checks += f"<li>not run at this scale: {_esc(', '.join(skipped))}</li>" if skipped and r.verdict else ""
+        checks += "".join(f"<li>{_esc(line)}</li>" for line in _skipped(r))
         note = f"<li>{_esc(r.note)}</li>" if r.note else ""
-        out.append(f"<li><b class='{r.verdict}'>{verdict}</b> <code>{_esc(r.claim.id)}</code>: "
+        out.append(f"<li><b class='{r.verdict}'>{_esc(r.label)}</b> <code>{_esc(r.claim.id)}</code>: "
                    f"{_esc(r.claim.text)} ({_esc(r.claim.source)})<ul>{checks}{note}</ul></li>")
     out.append("</ul>")
     for title, items in ((f"Left out at --scale {report.scale}", report.left), ("Notes", report.notes)):

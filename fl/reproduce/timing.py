@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from fl.reproduce.spec import ROOT
+from fl.reproduce.paper import ROOT
 
 TWIN_SECONDS = Path(__file__).resolve().parent / "twin_seconds.json"
 BENCH_README = ROOT / "bench" / "README.md"

@@ -5,25 +5,27 @@ import sys
 from dataclasses import MISSING, fields, is_dataclass
 
 from fl.config import CONF_DIR, available_confs, choices_msg
-from fl.config.blocks import data_choices
+from fl.config.blocks import plugin_choices
 from fl.config.errors import ConfigError
 from fl.core import registry
 from fl.core.metric_directions import declared, describe
 
 USAGE = """usage: python -m fl.train [conf=NAME] [key=value ...] [resume=RUN_DIR]
-       python -m fl.train --list {methods,configs,datasets,partitions,client_transforms,models,evaluators}
+       python -m fl.train --list KIND [plugins=[...]]  (KIND: methods, configs, datasets, partitions,
+                                                        client_transforms, aggregators, models, evaluators)
        python -m fl.train method.name=NAME --help      (that method's hyperparameters)
        python -m fl.train data.name=NAME --help        (that dataset's settings; also data.partition.name=NAME,
-                                                        data.client_transform.name=NAME)
+                                                        data.client_transform.name=NAME, server.aggregator.name=NAME)
        python -m fl.train [conf=NAME] [key=value ...] --print-config
 
 Runs a federated experiment: conf=NAME loads conf/NAME.yaml (default: quickstart), key=value overrides any
-config key, e.g.  python -m fl.train conf=fedprox_embedded method.mu=0.1 trainer.rounds=50 seed=3
+config key, e.g.  python -m fl.train conf=fedprox_embedded method.mu=0.1 trainer.rounds=50 seed=3;
+plugins=[module, ...] imports modules of your own that register more (README, "Extending fl").
 A run writes outputs/<run>/ (config.yaml, metrics.jsonl, summary.json, checkpoints/); resume=<run dir>
 continues it. Exit codes: 0 done, 1 a training fault, 2 bad configuration or data (nothing written),
 130 interrupted. The README's config tree and docs/data.md list every config key."""
 
-KINDS = ("methods", "configs", "datasets", "partitions", "client_transforms", "models", "evaluators")
+KINDS = ("methods", "configs", "datasets", "partitions", "client_transforms", "aggregators", "models", "evaluators")
 
 
 def _first_line(text: str | None, width: int = 110) -> str:
@@ -63,9 +65,9 @@ def list_items(kind: str) -> str:
         items = {n: method_description(s) for n, s in registry.METHODS.items()}
     elif kind == "configs":
         items = {n: _conf_description(n) for n in available_confs()}
-    elif kind in ("datasets", "partitions", "client_transforms"):
+    elif kind in ("datasets", "partitions", "client_transforms", "aggregators"):
         table = {"datasets": registry.DATASETS, "partitions": registry.PARTITIONS,
-                 "client_transforms": registry.CLIENT_TRANSFORMS}[kind]
+                 "client_transforms": registry.CLIENT_TRANSFORMS, "aggregators": registry.AGGREGATORS}[kind]
         items = {n: _describe(p.fn) for n, p in table.items()}
     elif kind == "models":
         items = {n: _describe(f) for n, f in registry.MODELS.items()}
@@ -104,10 +106,10 @@ def settings_lines(prefix: str, settings: type, values=None) -> list[str]:
 
 
 def data_plugin_help(block: str, name: str, values=None) -> str:
-    """A dataset's (block "data"), partition's ("data.partition") or client transform's ("data.client_transform")
-    own settings, as method_help shows a method's; `values`: the config's block."""
+    """A dataset's (block "data"), partition's ("data.partition"), client transform's ("data.client_transform") or
+    aggregator's ("server.aggregator") own settings, as method_help shows a method's; `values`: the config's block."""
     registry.load_plugins()
-    table = {b: t for b, t, _ in data_choices()}[block]
+    table = {b: t for b, t, _ in plugin_choices()}[block]
     if name not in table:
         raise ConfigError(choices_msg(f"{block}.name", name, table))
     plugin = table[name]
@@ -125,9 +127,11 @@ def method_help(name: str, values=None) -> str:
     spec = registry.METHODS[name]
     own = settings_lines("method", spec.config_cls, values)
     lines = [f"method.name={name}: {method_description(spec)}",
-             f"headline metric: {spec.headline or 'test/acc_mean_clients'}", "",
-             "hyperparameters:" if own else "hyperparameters: none of its own (it trains with the keys every method "
-             "takes: optim.*, trainer.*, server.*; python -m fl.train --help)", *own]
+             f"headline metric: {spec.headline or 'test/acc_mean_clients'}"]
+    if spec.needs:
+        lines.append(f"needs: {' '.join(spec.needs)} (or other values of these keys)")
+    lines += ["", "hyperparameters:" if own else "hyperparameters: none of its own (it trains with the keys every "
+              "method takes: optim.*, trainer.*, server.*; python -m fl.train --help)", *own]
     logged = {**{f"train/{k}": d for k, d in declared(spec.client_cls).items() if k != "loss"},
               **declared(spec.server_cls)}
     lines += ["", "metrics of its own (beside every method's test/*, train/loss, time/ and comm/):" if logged else

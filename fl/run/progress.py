@@ -89,9 +89,6 @@ def format_summary(summary: dict, own: Sequence[str] = ()) -> str:
         sel = summary["at_best_val"]
         picked = " ".join(f"{k}={v:.4f}" for k, v in sel.items() if k.startswith("test/target"))
         lines.append(f"selected by val/target_acc (round {sel['round']}): {picked}")
-    if "diverged" in summary:  # trainer.on_divergence=warn: the numbers above come from a diverged run
-        d = summary["diverged"]
-        lines.append(f"DIVERGED at client {d['client']}, round {d['round']}: {d['reason']}")
     recent = summary.get(last_key, {})
     per_round = [f"time {recent[TIME_KEY]:.2f} s"] if TIME_KEY in recent else []
     if COMM_KEYS[0] in recent and COMM_KEYS[1] in recent:
@@ -101,4 +98,7 @@ def format_summary(summary: dict, own: Sequence[str] = ()) -> str:
     if per_round:
         n = counts.get(TIME_KEY, counts.get(COMM_KEYS[0], summary["last_k"]))
         lines.append(f"per round (mean of the last {n} round{'s' if n != 1 else ''}): {', '.join(per_round)}")
+    if "diverged" in summary:  # last: the numbers above are a diverged run's (warn) or end where it stopped (stop)
+        d = summary["diverged"]
+        lines.append(f"DIVERGED at client {d['client']}, round {d['round']}: {d['reason']}")
     return "\n".join(lines)

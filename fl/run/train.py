@@ -1,9 +1,10 @@
 """`python -m fl.train [conf=NAME] [key=value ...]`: config -> data -> Fabric -> run directory -> the loop ->
 summary.
 
-Exit codes: 0 done, 1 a training fault (a non-finite loss, or a divergence under trainer.on_divergence=stop: then
-summary.json marks the run), 2 bad configuration or data (nothing written), 130 interrupted (a checkpoint of the last
-completed round was written; continue with resume=<run dir>).
+Exit codes: 0 done, 1 a training fault (a non-finite loss, or a divergence under trainer.on_divergence=stop: either
+way summary.json marks the run as diverged and the summary of the rounds before is printed), 2 bad configuration or
+data (nothing written), 130 interrupted (a checkpoint of the last completed round was written; continue with
+resume=<run dir>).
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fl.config import CONF_DIR, ConfigError, config_diff, expand_arms, load_config, to_yaml
-from fl.config.blocks import data_choices
-from fl.config.load import ABSENT, added_key_message
+from fl.config.blocks import plugin_choices
+from fl.config.load import ABSENT, added_key_message, import_argv_plugins
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
 from fl.core.callbacks import CallbackError, make_callbacks
 from fl.core.exchange import gather_objects
@@ -41,6 +42,7 @@ from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
 from fl.run.cli_help import USAGE, data_plugin_help, list_items, method_help
 from fl.run.determinism import deterministic_algorithms
+from fl.run.lightning_import import import_lightning
 from fl.run.preflight import print_client_notes
 from fl.run.progress import RoundProgress, format_summary, round_label
 from fl.run.run_dir import RUN_DIR_ENV, launched_run_dir, log_partition, planned_run_dir, prepare_run_dir, write_summary
@@ -203,6 +205,7 @@ def run_summary(cfg: DictConfig, data, run_dir: Path, history: list[dict], diver
 
 
 def make_fabric(cfg: DictConfig, callbacks: list, loggers: list) -> Fabric:
+    import_lightning()  # Lightning loads with the first Fabric, without torchvision and scipy.signal
     from lightning.fabric import Fabric
     from lightning.fabric.plugins.precision import MixedPrecision
 
@@ -225,11 +228,12 @@ def print_only(argv: list[str]) -> int | None:
         i = argv.index("--list") if "--list" in argv else None
         kind = argv[i + 1] if i is not None and i + 1 < len(argv) else (
             "" if i is not None else next(a for a in argv if a.startswith("--list=")).split("=", 1)[1])
+        import_argv_plugins([a for a in argv if "=" in a and not a.startswith("--list=")])  # plugins=, conf='s
         print(list_items(kind))
         return 0
     rest = [a for a in argv if a not in ("-h", "--help", "--print-config")]
     if "-h" in argv or "--help" in argv:
-        blocks = [b for b, _, _ in data_choices() if any(a.startswith(f"{b}.name=") for a in rest)]
+        blocks = [b for b, _, _ in plugin_choices() if any(a.startswith(f"{b}.name=") for a in rest)]
         named = any(a.startswith(("method.name=", "conf=")) for a in rest) or blocks
         cfg = load_config(rest, check=False) if named else None  # no target etc. needed to read it
         shown = [data_plugin_help(b, OmegaConf.select(cfg, f"{b}.name"), OmegaConf.select(cfg, b)) for b in blocks]
@@ -344,11 +348,13 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
     except TrainingFault as err:
         kept = (f"the last good checkpoint is {orch.ckpt_path}" if orch.ckpt_path.is_file() else
                 "no checkpoint was written yet")
-        if isinstance(err, Diverged) and fabric.is_global_zero:  # a finished run, marked: sweeps do not rerun it
-            write_summary(run_dir, run_summary(cfg, data, run_dir, orch.history, err.where, orch.stopped))
+        if err.where is not None and fabric.is_global_zero:  # an ended run, marked: sweeps do not rerun it
+            summary = run_summary(cfg, data, run_dir, orch.history, err.where, orch.stopped)
+            write_summary(run_dir, summary)
+            print(format_summary(summary))  # over the rounds before the stop; its last line says where it stopped
             kept += f"; {run_dir / 'summary.json'} marks the run as diverged" + (
                 f" (to train on regardless: python -m fl.train resume={run_dir} trainer.on_divergence=warn)"
-                if orch.ckpt_path.is_file() else "")
+                if isinstance(err, Diverged) and orch.ckpt_path.is_file() else "")
         return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1  # one message, not one per process
     except DamagedImages as err:  # a memory-mapped cache changed in place since it was built (fl/data/cache.py)
         kept = (f"the last good checkpoint is {orch.ckpt_path}: continue with python -m fl.train resume={run_dir}"

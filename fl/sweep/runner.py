@@ -36,6 +36,8 @@ from omegaconf import OmegaConf
 from fl.config import ConfigError, load_config
 from fl.report.aliases import current_names
 from fl.report.runs import flatten
+from fl.run.cpu_threads import env_for_one_of
+from fl.sweep.run_lock import release, try_lock
 from fl.sweep.spec import Sweep, check_metric, expand, grid_values, load_sweep, make_sweep, point_args
 
 
@@ -94,7 +96,8 @@ def train_argv(sweep: Sweep, job: Job, extra: list[str]) -> list[str]:
 
 def run_jobs(sweep: Optional[Sweep], jobs: list[Job], extra: list[str], parallel: int) -> list[Job]:
     """Runs the unfinished jobs, `parallel` at a time (each with its own sweep and extra arguments where
-    plan_points set them, else `sweep` and `extra`); returns the ones that failed."""
+    plan_points set them, else `sweep` and `extra`); returns the ones that failed. A run another invocation is
+    training (it holds the run's lock, fl/sweep/run_lock.py) is waited for, then reused."""
     todo = [j for j in jobs if not j.finished]
     done = len(jobs) - len(todo)
     if done:
@@ -104,29 +107,46 @@ def run_jobs(sweep: Optional[Sweep], jobs: list[Job], extra: list[str], parallel
     folders = list(dict.fromkeys(j.run_dir.parent / "logs" for j in jobs))
     for logs in folders:
         logs.mkdir(parents=True, exist_ok=True)
-    running: list[tuple[Job, subprocess.Popen, float, object]] = []
-    failed = []
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stdout and stderr reach the log in the order they were written
+    running: list[tuple[Job, subprocess.Popen, float, object, Optional[int]]] = []
+    failed, waiting = [], set()
+    # each run's share of the cores, OpenMP threads that sleep at barriers (fl/run/cpu_threads.py); stdout and stderr
+    # reach the log in the order they were written
+    env = {**env_for_one_of(min(parallel, max(1, len(todo)))), "PYTHONUNBUFFERED": "1"}
     env.pop("FL_RUN_DIR", None)
     if todo:
         shown = str(folders[0]) if len(folders) == 1 else "<sweep dir>/logs"
         print(f"each run's output: {shown}/<run>.log (one line per evaluation round; tail -f to follow)", flush=True)
     try:
         while todo or running:
-            while todo and len(running) < parallel:
-                job = todo.pop(0)
+            for job in list(todo):
+                if len(running) >= parallel:
+                    break
+                lock = try_lock(job.run_dir)
+                if lock is None:  # another invocation is training it
+                    if job.run_dir not in waiting:
+                        waiting.add(job.run_dir)
+                        print(f"waiting for {job.run_dir.name}: another invocation is running it", flush=True)
+                    continue
+                todo.remove(job)
+                if job.finished:  # finished by the other invocation while this one waited
+                    release(lock)
+                    done += 1
+                    print(f"[{done}/{len(jobs)}] {job.run_dir.name} finished by another invocation; reused",
+                          flush=True)
+                    continue
                 log = (job.run_dir.parent / "logs" / f"{job.run_dir.name}.log").open("w")
                 cmd = [sys.executable, "-m", "fl.train",
                        *train_argv(job.sweep or sweep, job, job.extra if job.extra is not None else extra)]
                 log.write(" ".join(cmd) + "\n")
                 log.flush()
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-                running.append((job, proc, time.time(), log))
-            time.sleep(0.2)
+                running.append((job, proc, time.time(), log, lock))
+            time.sleep(0.2 if running else 1.0)
             for item in [r for r in running if _reaped(r[0], r[1])]:
                 running.remove(item)
-                job, proc, start, log = item
+                job, proc, start, log, lock = item
                 log.close()
+                release(lock)
                 done += 1
                 job.seconds = time.time() - start
                 status = "done" if proc.returncode == 0 and job.finished else f"FAILED (exit {proc.returncode})"
@@ -139,10 +159,11 @@ def run_jobs(sweep: Optional[Sweep], jobs: list[Job], extra: list[str], parallel
                 if status != "done":
                     failed.append(job)
     except KeyboardInterrupt:
-        for _, proc, _, _ in running:
+        for _, proc, _, _, _ in running:
             proc.terminate()
-        for _, proc, _, _ in running:
+        for _, proc, _, _, lock in running:
             proc.wait()
+            release(lock)
         raise
     return failed
 
@@ -354,6 +375,23 @@ def comparable(config: dict) -> dict:
     return {k: v for k, v in flatten(config).items() if not k.startswith("logger.") and k != "resume"}
 
 
+def read_saved_config(path: Path) -> dict:
+    """A run directory's config.yaml as comparable keys; ConfigError in one line when it cannot be read: a run whose
+    config is unknown can be neither reused nor compared, and deleting it is the user's call."""
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as err:  # YAML's and OmegaConf's errors alike
+        first = (f"{err.problem}, line {err.problem_mark.line + 1}"
+                 if isinstance(err, yaml.MarkedYAMLError) and err.problem and err.problem_mark else
+                 (str(err).strip().splitlines() or [type(err).__name__])[0])
+        raise ConfigError(f"{path} cannot be read ({first}), so its run can be neither reused nor compared: delete "
+                          f"{path.parent} to run it again, or use another --out") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{path} is not a mapping of config keys, so its run can be neither reused nor compared: "
+                          f"delete {path.parent} to run it again, or use another --out")
+    return comparable(saved)
+
+
 def check_reuse(jobs: list[Job]) -> None:
     """The jobs whose directories already hold a run (finished or not) made with the same resolved config; a
     directory made with another config (say trainer.rounds=3 for a smoke test) stops the sweep in one line
@@ -363,7 +401,7 @@ def check_reuse(jobs: list[Job]) -> None:
         saved_file = job.run_dir / "config.yaml"
         if not saved_file.is_file():
             continue
-        saved = comparable(OmegaConf.to_container(OmegaConf.load(saved_file)))
+        saved = read_saved_config(saved_file)
         for key in sorted(saved.keys() & job.config.keys()):
             if saved[key] != job.config[key]:
                 raise ConfigError(f"{job.run_dir} was run with {key}={saved[key]!r}, this sweep asks for "

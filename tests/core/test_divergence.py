@@ -56,7 +56,9 @@ def test_parameter_norm_is_float64_without_overflow_and_non_finite_only_with_a_n
 # ---- stop and warn -----------------------------------------------------------------------------------------------
 def test_a_diverging_run_stops_naming_method_client_round_keeps_its_checkpoint_and_is_marked(out, capsys):
     assert main(tiny(out, *GROWING, "logger.run_name=d")) == 1
-    err = capsys.readouterr().err.strip().splitlines()
+    printed = capsys.readouterr()
+    err = printed.err.strip().splitlines()
+    assert printed.out.strip().splitlines()[-1].startswith("DIVERGED at client ")  # the summary of rounds 0-1
     assert len(err) == 1 and err[0].startswith("error: method 'test_loss_grows_at_round_2' diverged at client ")
     assert ", round 2: training loss" in err[0] and "last good checkpoint" in err[0]
     run_dir = out / "outputs" / "d"

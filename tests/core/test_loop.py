@@ -142,15 +142,32 @@ def test_self_log_in_training_step_becomes_the_clients_logged_scalars(out):
 # ---- faults --------------------------------------------------------------------------------------
 
 
-def test_nan_loss_stops_the_run_naming_method_client_round_and_keeps_the_checkpoint(out, capsys):
+def test_nan_loss_stops_the_run_naming_method_client_round_keeps_the_checkpoint_and_marks_it_ended(out, capsys):
+    """Like a divergence under trainer.on_divergence=stop: summary.json over the rounds before, marked, so fl.sweep
+    and fl.reproduce reuse the run (the same seed would stop there again) and fl.report shows it with a dagger."""
+    from fl.report.cli import main as report
+    from fl.sweep.runner import Job, run_jobs
+
     code = main(tiny(out, "method.name=test_nan_at_round_2", "trainer.rounds=4", "trainer.checkpoint_every=1",
                      "logger.run_name=nan"))
     assert code == 1
-    err = capsys.readouterr().err.strip().splitlines()[-1]
+    printed = capsys.readouterr()
+    err = printed.err.strip().splitlines()[-1]
     assert "method 'test_nan_at_round_2'" in err and "round 2" in err and "client " in err
-    ckpt = load_ckpt(out / "outputs" / "nan")
+    run_dir = out / "outputs" / "nan"
+    ckpt = load_ckpt(run_dir)
     assert ckpt["round"] == 1 and all(torch.isfinite(v).all() for v in ckpt["server"]["global_params"].values())
-    assert not (out / "outputs" / "nan" / "summary.json").exists()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    marked = summary["diverged"]
+    assert marked == {"round": 2, "client": marked["client"], "method": "test_nan_at_round_2",
+                      "reason": "non-finite loss or parameters"} and f"client {marked['client']}," in err
+    assert set(summary["final"]) and all(r["round"] < 2 for r in read_metrics(run_dir))
+    assert printed.out.strip().splitlines()[-1] == (f"DIVERGED at client {marked['client']}, round 2: non-finite "
+                                                    "loss or parameters")  # the printed summary's last line
+    job = Job("p000", {}, 0, run_dir)
+    assert job.finished and job.diverged
+    assert run_jobs(None, [job], [], 1) == [] and "reusing 1 of 1 runs" in capsys.readouterr().out  # not retrained
+    assert report([str(run_dir)]) == 0 and "†" in capsys.readouterr().out
 
 
 def test_a_nan_before_any_checkpoint_does_not_point_at_a_missing_one(out, capsys):

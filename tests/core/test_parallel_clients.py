@@ -11,6 +11,7 @@ from torch.utils._pytree import tree_leaves
 import fl.core.parallel as parallel
 from fl.config import load_config
 from fl.core.registry import METHODS, load_plugins
+from tests import conformance
 from tests.helpers import (
     assert_same_rows,
     client_states,
@@ -86,34 +87,31 @@ def test_one_compiled_graph_serves_a_run_and_equals_the_sequential_loop(out, vma
     assert_same_run(sequential, compiled)
 
 
-@pytest.mark.parametrize("method, optim", [(m, "momentum") for m in ("fedprox", "local", "fedper", "fedrep",
-                                                                      "lg_fedavg", "fedpals", "scaffold")]
+def opted_in() -> list[str]:
+    """The methods whose client class declares its loss functional, from the registry (a new one is tested too)."""
+    load_plugins()
+    return sorted(name for name, spec in METHODS.items() if vars(spec.client_cls).get("functional", False)
+                  and name in conformance.METHODS)
+
+
+@pytest.mark.parametrize("method, optim", [(m, "momentum") for m in opted_in() if m != "fedavg"]  # fedavg: above
                          + [("fedrep", "adam")])  # Adam counts each part's own steps, as torch.optim does
 def test_opted_in_methods_k_clients_at_once_equal_the_sequential_loop(out, vmapped_groups, method, optim):
-    extra = (f"method.name={method}", *UNEQUAL, *OPTIMIZERS[optim])
-    if method == "fedprox":
+    extra = (f"method.name={method}", *METHODS[method].needs, *UNEQUAL, *OPTIMIZERS[optim])
+    if method == "fedprox":  # a proximal term large enough to matter
         extra += ("method.mu=0.1",)
-    if method == "fedpals":  # its clients are FedProx's; the server's QP weighs them toward a target
-        extra += ("data.target.distribution=partition",)
     sequential = run_tiny(out, *extra, name="sequential")
     for k in (4, 20):
         assert_same_run(sequential, run_tiny(out, *extra, f"trainer.parallel_clients={k}", name=f"k{k}"))
     assert set(vmapped_groups) == {4, 2, 6}
 
 
-def opted_in() -> list[str]:
-    """The methods whose client class declares its loss functional, from the registry (a new one is tested too)."""
-    load_plugins()
-    return sorted(name for name, spec in METHODS.items() if vars(spec.client_cls).get("functional", False))
-
-
 @pytest.mark.parametrize("method", opted_in())
 def test_an_opted_in_method_writes_its_loss_once_for_both_loops(out, vmapped_groups, monkeypatch, method):
     # the sequential loop's training_step and the vmapped step call the same client_loss, once per local step:
     # 3 clients one at a time take 9 steps (no row mask), the 3 at once take 3 vmapped steps (masked)
-    extra = (f"method.name={method}", "trainer.rounds=1", "trainer.local_steps=3", "optim.momentum=0.9")
-    if method == "fedpals":
-        extra += ("data.target.distribution=partition",)
+    extra = (f"method.name={method}", *METHODS[method].needs, "trainer.rounds=1", "trainer.local_steps=3",
+             "optim.momentum=0.9")
     if "head_steps" in METHODS[method].config_cls.__dataclass_fields__:  # FedRep's clients (FedRep, ConFREE)
         extra += ("method.head_steps=1",)
     cls, calls = METHODS[method].client_cls, []

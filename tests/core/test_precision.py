@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fl.config import load_config
-from fl.core import METHODS, float32_island, load_plugins, loss_scaler, make_client_module
+from fl.core import float32_island, loss_scaler, make_client_module
 from fl.core.loop import LOSS_SCALE
 from fl.data import build_data
 from fl.methods.fedala import weight_gradients
@@ -23,6 +23,7 @@ from fl.methods.pfedfda import lda_logits
 from fl.methods.pfedfda.stats import lda_head
 from fl.methods.pfedme import solve_inner
 from fl.run.train import main, make_fabric
+from tests import conformance
 from tests.helpers import (
     interrupted_and_resumed,
     load_ckpt,
@@ -162,24 +163,18 @@ def test_16_mixed_on_the_cpu_is_float16_autocast_with_a_grad_scaler(out):
 
 
 # ---- initial models: drawn on the CPU --------------------------------------------------------------------------------
-NEEDS = {  # what a method needs of the tiny federation to run at all
-    "apfl": ["method.adaptive=false"],  # adaptive alpha refuses 16-mixed (its gradient would carry the loss scale)
-    "creff": ["method.num_of_feature=4", "method.match_epoch=2", "method.crt_epoch=2"],  # its server: small, fast
-    "fedbabu": ["method.finetune_epochs=1"],
-    "confree": ["trainer.local_steps=6", "method.head_steps=2"],
-    "fedrep": ["trainer.local_steps=6", "method.head_steps=2"],
-    "fedas": ["trainer.local_steps=4", "method.align_steps=1"],
-    "fedbn": ["model.norm=batch"],
-    "fedct": ["data.public_size=40"],
-    "fedmosaic": ["data.public_size=40"],
-    "fedpals": ["data.target.distribution=partition"],
-}
-load_plugins()
-ALL_METHODS = sorted(METHODS)
+# every method the package registers, with what its runs need (tests/conformance.py): a new one is tested too
+ALL_METHODS = conformance.METHODS
+# APFL's adaptive alpha refuses 16-mixed (its gradient would carry the loss scale)
+UNDER_AUTOCAST = {"apfl": ("method.adaptive=false",)}
+
+
+def method_args(method: str) -> tuple[str, ...]:
+    return (*conformance.method_args(method), *UNDER_AUTOCAST.get(method, ()))
 
 
 def test_every_method_is_covered():
-    assert set(NEEDS) <= set(ALL_METHODS) and len(ALL_METHODS) > 30
+    assert set(UNDER_AUTOCAST) <= set(ALL_METHODS) and len(ALL_METHODS) > 30
 
 
 @pytest.mark.parametrize("method", ALL_METHODS)
@@ -187,7 +182,7 @@ def test_the_initial_model_is_drawn_on_the_cpu_under_any_device_context(out, met
     """On a GPU, Fabric's init_module puts torch.device(cuda) around the build: the CUDA generator would draw other
     weights than the CPU's, and a draw with a CPU generator fails (FedNH's prototypes). Simulated with the meta
     device: the module built under it equals the one built on the CPU."""
-    cfg = load_config(tiny(out, f"method.name={method}", *NEEDS.get(method, [])))
+    cfg = load_config(tiny(out, *method_args(method)))
     data = build_data(cfg)
     fabric = make_fabric(cfg, [], [])
     plain, _ = make_client_module(cfg, fabric, data)
@@ -330,9 +325,8 @@ def test_feddrm_routing_agrees_with_float32_under_autocast(out):
 @pytest.mark.parametrize("precision", ["16-mixed", pytest.param("bf16-mixed", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("method", ALL_METHODS)
 def test_every_method_trains_a_round_with_finite_losses(out, method, precision):
-    extra = [f"method.name={method}", f"fabric.precision={precision}", "trainer.rounds=1", "data.num_clients=4",
-             "data.embedded.samples_per_class=16", "trainer.participation=1.0", "fabric.cpu_threads=1",
-             *NEEDS.get(method, [])]
+    extra = [*method_args(method), f"fabric.precision={precision}", "trainer.rounds=1", "data.num_clients=4",
+             "data.embedded.samples_per_class=16", "trainer.participation=1.0", "fabric.cpu_threads=1"]
     assert main(tiny(out, *extra, "logger.run_name=run")) == 0  # a non-finite loss is a training fault (exit 1)
     row = read_metrics(out / "outputs" / "run")[0]
     assert math.isfinite(row["train/loss"])

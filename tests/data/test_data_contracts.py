@@ -179,6 +179,7 @@ def test_a_channels_last_dataset_stops_before_a_run_directory(plugins, out, caps
     (registry.register_dataset, "num_clients", "data.num_clients"),
     (registry.register_partition, "seed", "data.partition.seed"),
     (registry.register_client_transform, "after_augment", "data.client_transform.after_augment"),
+    (registry.register_aggregator, "name", "server.aggregator.name"),
 ])
 def test_a_setting_named_like_a_shared_key_is_refused_at_registration(plugins, register, key, block):
     settings = type("Settings", (), {"__annotations__": {key: str}, key: param("x")})
@@ -186,4 +187,5 @@ def test_a_setting_named_like_a_shared_key_is_refused_at_registration(plugins, r
         register("shadowing", dataclass(settings))(lambda *a: None)
     message = str(err.value)
     assert f"'shadowing': its setting {key!r} has the name of {block}" in message and "\n" not in message
-    assert all("shadowing" not in t for t in (registry.DATASETS, registry.PARTITIONS, registry.CLIENT_TRANSFORMS))
+    assert all("shadowing" not in t for t in (registry.DATASETS, registry.PARTITIONS, registry.CLIENT_TRANSFORMS,
+                                              registry.AGGREGATORS))

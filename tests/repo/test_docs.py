@@ -81,6 +81,14 @@ def test_every_docs_page_is_linked_from_the_index_or_the_readme():
     assert [str(p.relative_to(ROOT)) for p in DOCS[1:] if p.name != "index.md" and p.resolve() not in linked] == []
 
 
+# What a method contributed to this repository needs beside its file (README, "What a contribution needs beyond the
+# file"): said by every failure of the two tests below.
+CONTRIBUTION = ("a method contributed to fl needs, besides its file, a row in docs/index.md's Methods table "
+                "(| `NAME` | Name | [methods/NAME.md](methods/NAME.md) |) and a page docs/methods/NAME.md naming "
+                f"`NAME`, with one # title and exactly the sections {', '.join('## ' + t for t in METHOD_SECTIONS)} "
+                "in this order (README, 'What a contribution needs beyond the file')")
+
+
 def test_every_registered_method_has_a_page_linked_from_the_index_that_names_it():
     registry.load_plugins()
     shipped = sorted(m for m, spec in registry.METHODS.items() if spec.client_cls.__module__.startswith("fl."))
@@ -88,12 +96,14 @@ def test_every_registered_method_has_a_page_linked_from_the_index_that_names_it(
     index = ROOT / "docs" / "index.md"
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \|[^|]*\| \[[^\]]*\]\(([^)#]+)[^)]*\) \|$",
                                                         index.read_text(), re.M)}
-    assert sorted(set(shipped) - rows.keys()) == [], "methods without a row in docs/index.md's Methods table"
+    missing = sorted(set(shipped) - rows.keys())
+    assert missing == [], f"no row in docs/index.md's Methods table for {', '.join(missing)}: {CONTRIBUTION}"
     assert sorted(set(rows) - set(shipped)) == [], "rows in docs/index.md naming no registered method"
     for method, target in rows.items():
         page = index.parent / target
-        assert page.parent == index.parent / "methods" and page.exists(), (method, target)
-        assert re.search(rf"`(method\.name=)?{method}`", page.read_text()), f"{target} does not name `{method}`"
+        assert page.parent == index.parent / "methods" and page.exists(), f"{method}: no page {target}; {CONTRIBUTION}"
+        assert re.search(rf"`(method\.name=)?{method}`", page.read_text()), (f"{target} does not name `{method}`; "
+                                                                            f"{CONTRIBUTION}")
 
 
 def test_every_method_page_has_the_same_sections_in_order():
@@ -101,8 +111,10 @@ def test_every_method_page_has_the_same_sections_in_order():
     assert pages
     for page in pages:
         levels = markdown_headings(page.read_text())
-        assert [t for lv, t, _ in levels if lv == 2] == METHOD_SECTIONS, page.name
-        assert [lv for lv, _, _ in levels].count(1) == 1 and levels[0][0] == 1, page.name
+        sections = [t for lv, t, _ in levels if lv == 2]
+        assert sections == METHOD_SECTIONS, f"docs/methods/{page.name} has the sections {sections}; {CONTRIBUTION}"
+        assert [lv for lv, _, _ in levels].count(1) == 1 and levels[0][0] == 1, f"docs/methods/{page.name}: " \
+            f"{CONTRIBUTION}"
 
 
 CONFLICT = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)

@@ -1,7 +1,7 @@
 """The docs' examples work: the README's "Adding a method" registered under a test name runs, keeps its persistent
 attribute per client across rounds, and K clients at once give its sequential run; docs/larger-than-memory.md's
 worked example maps the pool and runs as the pool in memory does; docs/adding-data.md's dataset, partition and client
-transform are one file each."""
+transform and docs/aggregators.md's aggregator are one file each."""
 import re
 import shlex
 import sys
@@ -71,7 +71,7 @@ def test_the_larger_than_memory_example_maps_the_pool_and_runs_as_the_pool_in_me
 @pytest.fixture
 def registry_restored():
     """The plug-in tables and modules as they were: what a test drops in is gone afterwards."""
-    tables = (registry.DATASETS, registry.PARTITIONS, registry.CLIENT_TRANSFORMS)
+    tables = (registry.DATASETS, registry.PARTITIONS, registry.CLIENT_TRANSFORMS, registry.AGGREGATORS)
     saved, modules = [dict(t) for t in tables], set(sys.modules)
     yield
     for table, before in zip(tables, saved):
@@ -122,3 +122,28 @@ def test_the_add_a_dataset_partition_transform_examples_are_one_file_each(out, m
     assert all(a.max() <= b.min() for a, b in zip(labels, labels[1:]))  # contiguous label chunks
     for cid, (p, s) in enumerate(zip(plain.clients, shifted.clients)):
         assert torch.equal(s.train.x, 255 - p.train.x if cid % 3 == 0 else p.train.x)
+
+
+def test_the_add_an_aggregator_example_is_one_file(out, monkeypatch, capsys, registry_restored):
+    """docs/aggregators.md's rule, dropped into a folder of fl.aggregators' path and found by discovery: listed, its
+    setting in --help, a hand-computed case, and a FedProx run."""
+    import fl.aggregators
+    from fl.core.aggregation import ClientUpload, Uploads
+    from fl.run.train import main
+
+    section = doc_section("docs/aggregators.md", "## Adding an aggregator")
+    code, = re.findall(r"```python\n(.*?)```", section, re.S)
+    (out / "aggregators").mkdir()
+    (out / "aggregators" / "readme_mean_around_median.py").write_text(code)
+    monkeypatch.setattr(fl.aggregators, "__path__", [*fl.aggregators.__path__, str(out / "aggregators")])
+    registry.discover("fl.aggregators")
+    assert main(["--list", "aggregators"]) == 0 and "mean_around_median" in capsys.readouterr().out.split()
+    assert main(["server.aggregator.name=mean_around_median", "--help"]) == 0
+    assert "server.aggregator.keep=0.5  (float)  [> 0.0, <= 1.0]" in capsys.readouterr().out
+    # 0, 1, 10: the median is 1, the two nearest it are 1 and 0, their weighted mean (weights 1 and 3) is 0.25
+    uploads = Uploads.kept([ClientUpload(cid, {"w": torch.tensor([x])}, w) for cid, (x, w) in
+                            enumerate([(0.0, 3.0), (1.0, 1.0), (10.0, 5.0)])])
+    plugin = registry.AGGREGATORS["mean_around_median"]
+    assert torch.equal(plugin.fn(uploads, {}, plugin.settings(keep=0.6))["w"], torch.tensor([0.25]))
+    run_tiny(out, "method.name=fedprox", "server.aggregator.name=mean_around_median", "server.aggregator.keep=0.6",
+             "trainer.rounds=1", name="around")

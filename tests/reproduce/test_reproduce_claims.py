@@ -6,8 +6,10 @@ import pytest
 
 from fl.report.runs import Run
 from fl.reproduce.cells import Cell, CellKey, make_cell
-from fl.reproduce.claims import FAILS, HOLDS, UNRESOLVED, better, evaluate, rank, spearman, spearman_rho, within
-from fl.reproduce.spec import ReproduceError, parse_paper
+from fl.reproduce.claims import FAILS, HOLDS, UNRESOLVED, better, evaluate, rank, spearman, within
+from fl.reproduce.paper import ReproduceError
+from fl.reproduce.spearman import spearman_rho
+from fl.reproduce.spec import parse_paper
 
 
 def cell(*values) -> Cell:
@@ -73,14 +75,19 @@ def test_spearman_rho_and_its_verdict_per_seed():
     assert spearman_rho([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254)   # ties share their mean rank
     paper = {"A": 90.0, "B": 80.0, "C": 70.0, "D": 60.0}
     same = {m: cell(v, v + 1) for m, v in paper.items()}
-    assert spearman(same, paper, 0.8)[0] == HOLDS
+    verdict, text = spearman(same, paper)
+    assert verdict == HOLDS and "one-sided p = 0.042" in text and "needs >= 1.000" in text  # 4 rows: 1/24
     reversed_ = {m: cell(-v, -v + 1) for m, v in paper.items()}
-    assert spearman(reversed_, paper, 0.8)[0] == FAILS
+    assert spearman(reversed_, paper)[0] == FAILS
     # the means agree with the paper, seed 1's ranking does not: the seeds disagree
     mixed = {"A": cell(90, 50), "B": cell(80, 81), "C": cell(70, 71), "D": cell(60, 61)}
-    verdict, text = spearman(mixed, paper, 0.8)
+    verdict, text = spearman(mixed, paper)
     assert verdict == UNRESOLVED and "the seeds disagree" in text
-    assert spearman({m: cell(v) for m, v in paper.items()}, paper, 0.8)[0] == UNRESOLVED  # one seed
+    assert spearman({m: cell(v) for m, v in paper.items()}, paper)[0] == UNRESOLVED  # one seed
+    # 3 rows: even a perfect agreement has p = 1/6, never significant at 5%
+    three = {m: same[m] for m in ("A", "B", "C")}
+    verdict, text = spearman(three, paper)
+    assert verdict == UNRESOLVED and "no ranking of 3 rows is significant" in text
 
 
 def test_within_the_papers_number():
@@ -108,7 +115,7 @@ def test_a_claim_over_columns_fails_when_one_column_fails_and_skips_columns_not_
 
 def test_a_spearman_claim_is_judged_from_its_columns_cells_and_skips_a_column_not_run():
     """A spearman claim names a column, no row: its check reads every row's cell of that column."""
-    p = paper_with(rule="spearman", table="t", min_rho=0.8, columns=["c1", "c2"])
+    p = paper_with(rule="spearman", table="t", columns=["c1", "c2"])
     k = lambda r: CellKey("t", "c1", r)  # noqa: E731
     agreeing = {k("A"): cell(9, 10), k("B"): cell(7, 8), k("C"): cell(5, 6), k("D"): cell(3, 4)}
     r = evaluate(p, p.claims[0], agreeing, "twin")
@@ -136,7 +143,13 @@ def test_a_twin_note_is_shown_beside_a_twin_verdict_that_does_not_hold_and_scale
     ({"rule": "better", "table": "t", "a": "A", "column": "c1"}, "b is missing"),
     ({"rule": "better", "table": "t", "a": "Z", "b": "B", "column": "c1"}, "row 'Z' is not a row of t"),
     ({"rule": "rank", "table": "t", "row": "A", "rank": 1, "column": "c9"}, "column 'c9' is not a column of t"),
-    ({"rule": "spearman", "table": "nope", "min_rho": 0.5, "column": "c1"}, "table 'nope' is not one of"),
+    ({"rule": "spearman", "table": "nope", "column": "c1"}, "table 'nope' is not one of"),
+    ({"rule": "spearman", "table": "t", "min_rho": 0.5, "column": "c1"}, "'min_rho' is not one of rule spearman's"),
+    ({"rule": "better", "table": "t", "a": "A", "b": "B", "column": "c1", "rank": 2}, "'rank' is not one of rule"),
+    ({"rule": "rank", "table": "t", "row": "A", "rank": 1, "column": "c1", "ties": {"c1": ["B"]}},
+     "B is not tied with A in the paper"),
+    ({"rule": "rank", "table": "t", "row": "A", "rank": 1, "column": "c1", "ties": {"c2": ["B"]}},
+     "'c2' is not a column the claim is checked on"),
     ({"rule": "better", "table": "t", "a": "A", "b": {"table": "loss", "row": "B"}, "column": "c1"},
      "a and b must be cells of one table"),
 ])

@@ -2,6 +2,9 @@
 table and the claims' verdicts of a tiny sweep whose runs are on disk; and (slow) one tiny reproduction end to end,
 run, then reused."""
 import json
+import os
+import subprocess
+import sys
 from datetime import datetime, timezone
 
 import pytest
@@ -11,7 +14,7 @@ from omegaconf import OmegaConf
 from fl.config import load_config
 from fl.reproduce.cli import main
 from fl.reproduce.spec import available_papers, load_paper
-from tests.helpers import TINY, run_cli
+from tests.helpers import ROOT, TINY, run_cli
 
 SWEEP = {"name": "tiny_compare", "program": "fl.train", "method": "grid",
          "command": ["${env}", "python", "-m", "fl.train", "conf=quickstart", "${args_no_hyphens}"],
@@ -27,7 +30,8 @@ def tiny_paper(tmp_path) -> str:
     ref = [{"sweep": str(sweep)}]
     doc = {"paper": "tiny", "title": "A tiny paper", "source": "tests",
            "tables": [{"id": "t1", "caption": "accuracy", "source": "Table 1", "metric": "test/acc_mean_clients",
-                       "unit": "percent", "columns": [{"id": "quick", "label": "Quickstart", "real": ref, "twin": ref}],
+                       "unit": "percent", "baselines": ["FedAvg"],
+                       "columns": [{"id": "quick", "label": "Quickstart", "real": ref, "twin": ref}],
                        "rows": [{"method": "FedAvg", "arm": "fedavg", "paper": {"quick": [60.0, 1.0]}},
                                 {"method": "FedProx", "arm": "fedprox", "paper": {"quick": [70.0, 2.0]}}]}],
            "claims": [{"id": "prox_above", "text": "FedProx beats FedAvg", "source": "Table 1", "rule": "better",
@@ -51,12 +55,23 @@ def tiny_paper(tmp_path) -> str:
     (["fedpals", "--sedes", "3"], "unrecognized arguments: --sedes"),
     (["fedpals", "trainer.roundz=3", "--dry-run"], "unknown key 'trainer.roundz'"),
     ([], "give a paper"),
+    (["fedpals", "--seeds", "1000000000", "--dry-run"], "--seeds 1000000000 is more than 100"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err, err
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_an_out_that_is_a_file_is_one_line_and_exit_2(dry_run, capsys, tmp_path):
+    (tmp_path / "f").write_text("x")
+    for out in (tmp_path / "f", tmp_path / "f" / "below"):
+        assert main(["fedmosaic", "--table", "table4", "--seeds", "1", "--out", str(out), *dry_run]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"{tmp_path / 'f'} is a file, not a folder" in err, err
+    assert (tmp_path / "f").read_text() == "x"
 
 
 @pytest.mark.parametrize("name", available_papers())
@@ -122,11 +137,87 @@ def test_side_by_side_table_and_verdicts_from_a_tiny_sweeps_runs(tmp_path, capsy
     assert "| FedProx | 70.0 ± 2.0 | 1 | 61.0 ± 1.0 (n=3) | 1 |" in out
     assert "**HOLDS** `prox_above`" in out and "**HOLDS** `prox_first`" in out
     assert "`near`: FedProx near the paper (checked at --scale paper only)" in out
-    assert "tiny at --scale twin: 2 claims hold, 0 fail, 0 unresolved, 1 not checked at this scale" in out
+    assert ("tiny at --scale twin: 2 claims hold, 0 hold in part (HOLDS in k of n), 0 fail, 0 unresolved, 1 not "
+            "checked at this scale") in out
     written = tmp_path / "o" / "tiny" / "twin"
     cells = json.loads((written / "reproduce.json").read_text())["cells"]
     assert {(c["row"], round(c["mean"], 6), c["n"]) for c in cells} == {("FedAvg", 52.0, 3), ("FedProx", 61.0, 3)}
     assert "<table>" in (written / "reproduce.html").read_text()
+
+
+def test_the_output_starts_with_the_twin_beside_the_papers_setting_and_the_baselines_calibration(tmp_path, capsys):
+    """Read from the resolved configs (here the twin and the paper's setting are the same quickstart sweep)."""
+    paper = tiny_paper(tmp_path)
+    fake_finished_runs(tmp_path, paper, {"fedavg": [0.50, 0.52, 0.54], "fedprox": [0.60, 0.61, 0.62]})
+    assert main([paper, "--seeds", "3", "--out", str(tmp_path / "o")]) == 0
+    written = (tmp_path / "o" / "tiny" / "twin" / "reproduce.md").read_text().splitlines()
+    assert written[0].startswith("# A tiny paper") and written[2].startswith("Twin: each column's twin beside")
+    cfg = load_config(["conf=quickstart", "method.name=fedavg"])
+    setting = (f"{cfg.data.num_clients} clients (Dir({cfg.data.partition.alpha})), {cfg.model.name} width "
+               f"{cfg.model.width}, {cfg.trainer.rounds} rounds x ")
+    line = written[3]
+    assert line.startswith("- Quickstart: twin: ") and line.count(setting) == 2, line  # the twin's, the paper's
+    assert line.endswith("Calibration: t1 FedAvg: paper 60.0, twin 52.0 ± 2.0 (-8.0).")
+    doc = json.loads((tmp_path / "o" / "tiny" / "twin" / "reproduce.json").read_text())
+    assert doc["twin"][1] == line
+
+
+def test_reproduce_json_records_every_run_with_its_overrides_metrics_commit_and_versions(tmp_path, capsys):
+    paper = tiny_paper(tmp_path)
+    fake_finished_runs(tmp_path, paper, {"fedavg": [0.50, 0.52, 0.54], "fedprox": [0.60, 0.61, 0.62]})
+    assert main([paper, "--seeds", "3", "--out", str(tmp_path / "o")]) == 0
+    doc = json.loads((tmp_path / "o" / "tiny" / "twin" / "reproduce.json").read_text())
+    assert doc["command"] == {"table": None, "seeds": [0, 1, 2], "overrides": [], "every_cell": False}
+    prov = doc["provenance"]
+    assert prov["commit"] is None or len(prov["commit"]) == 40
+    assert isinstance(prov["dirty"], (bool, type(None))) and prov["versions"]["torch"] and prov["versions"]["numpy"]
+    runs = {r["run"]: r for r in doc["runs"]}
+    assert len(runs) == 6 and all(r["run"].startswith("tiny_compare/p00") for r in runs.values())
+    fedprox_s1 = next(r for r in runs.values() if r["point"] == {"arm": "fedprox"} and r["seed"] == 1)
+    assert fedprox_s1["overrides"] == ["conf=quickstart", "method.name=fedprox", "method.mu=0.1", "seed=1",
+                                       "fabric.cpu_threads=1"]
+    assert fedprox_s1["status"] == "finished" and fedprox_s1["final"] == {"test/acc_mean_clients": 0.61}
+    assert fedprox_s1["selected"] == {"t1/quick/FedProx": 0.61 * 100}
+    assert len(fedprox_s1["config_sha1"]) == 40
+
+
+@pytest.mark.parametrize("record, message", [
+    (None, "no record"),
+    ("{not json", "cannot read the record"),
+    (json.dumps({"paper": "tiny", "scale": "twin", "cells": []}), "not a reproduction's record"),
+    (json.dumps({"paper": "other", "scale": "twin", "command": {}, "runs": []}), "records paper 'other'"),
+    (json.dumps({"paper": "tiny", "scale": "twin", "command": {}, "runs": []}), "records no finished run"),
+])
+def test_check_without_a_usable_record_is_one_line_and_exit_2(record, message, tmp_path, capsys):
+    paper = tiny_paper(tmp_path)
+    path = tmp_path / "record.json"
+    if record is not None:
+        path.write_text(record)
+    assert main([paper, "--check", "--record", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--check", "--all"], "--check re-runs a record's runs"),
+    (["tiny", "--check", "--table", "t1"], "--check re-runs a record's runs"),
+    (["tiny", "--runs", "2"], "--runs and --record go with --check"),
+    (["tiny", "--check", "--runs", "0"], "--runs must be >= 1"),
+])
+def test_check_options_are_checked(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_finished_run_with_a_damaged_config_is_named_in_one_line_and_nothing_is_written(tmp_path, capsys):
+    paper = tiny_paper(tmp_path)
+    fake_finished_runs(tmp_path, paper, {"fedavg": [0.50, 0.52, 0.54], "fedprox": [0.60, 0.61, 0.62]})
+    damaged = next((tmp_path / "o").rglob("config.yaml"))
+    damaged.write_text("# partition fingerprint: x\nseed: [\n")
+    assert main([paper, "--seeds", "3", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{damaged} cannot be read" in err and f"delete {damaged.parent}" in err, err
+    assert not list((tmp_path / "o").rglob("reproduce.md"))
 
 
 def test_overlapping_seeds_are_unresolved_and_a_failing_claim_is_printed(tmp_path, capsys):
@@ -151,3 +242,48 @@ def test_a_tiny_reproduction_end_to_end_runs_then_reuses_its_runs(tmp_path):
     again = run_cli(args, cwd=tmp_path, script=("-m", "fl.reproduce"))
     assert again.returncode == 0 and "reusing 2 of 2 runs" in again.stdout
     assert res.stdout.split("## Claims")[1] == again.stdout.split("## Claims")[1]
+
+
+@pytest.mark.slow
+def test_two_invocations_into_one_out_run_every_run_once(tmp_path):
+    """Each takes a run's lock before training it (fl/sweep/run_lock.py): the second waits for a run the first
+    trains and reuses it, rather than training a copy (<run>-1) beside it."""
+    paper = tiny_paper(tmp_path)
+    args = [sys.executable, "-m", "fl.reproduce", paper, "--table", "t1", "--seeds", "2", "--parallel", "1",
+            "--out", str(tmp_path / "o"), *TINY, f"data.root={tmp_path / 'data'}"]
+    env = {k: v for k, v in os.environ.items() if k not in ("FL_RUN_DIR", "WANDB_SERVICE")}  # as run_cli does
+    env["PYTHONPATH"] = str(ROOT)
+    procs = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    runs = tmp_path / "o" / "tiny" / "twin" / "runs" / "tiny_compare"
+    assert sorted(d.name.rsplit("-", 1)[1] for d in runs.iterdir() if d.name != "logs") == ["s0", "s0", "s1", "s1"]
+    trained = [line for out, _ in outs for line in out.splitlines() if line.startswith("[") and " done " in line]
+    assert len(trained) == 4, outs  # 2 arms x 2 seeds, each trained by one of the two
+    claims = [out.split("## Claims")[1].split("wrote ")[0] for out, _ in outs]
+    assert claims[0] == claims[1]
+
+
+@pytest.mark.slow
+def test_check_reruns_a_recorded_run_bitwise_and_names_a_changed_value(tmp_path):
+    """The record comes from a real tiny run; --check re-runs it from an empty scratch folder and finds every value
+    equal; a value changed in the record is named (exit 1)."""
+    paper = tiny_paper(tmp_path)
+    args = [paper, "--table", "t1", "--seeds", "1", "--parallel", "1", "--out", str(tmp_path / "o"), *TINY,
+            f"data.root={tmp_path / 'data'}"]
+    res = run_cli(args, cwd=tmp_path, script=("-m", "fl.reproduce"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    record = tmp_path / "o" / "tiny" / "twin" / "reproduce.json"
+    check = [paper, "--check", "--record", str(record), "--runs", "1", "--parallel", "1"]
+    res = run_cli(check, cwd=tmp_path, script=("-m", "fl.reproduce"), timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "every recorded value of the 1 runs is equal, bit for bit" in res.stdout
+    doc = json.loads(record.read_text())
+    checked = res.stdout.split("the cheapest first: ")[1].split(")")[0]
+    entry = next(r for r in doc["runs"] if r["run"] == checked)
+    entry["final"]["test/acc_mean_clients"] += 2 ** -40  # one bit of difference is a difference
+    record.write_text(json.dumps(doc))
+    res = run_cli(check, cwd=tmp_path, script=("-m", "fl.reproduce"), timeout=600)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert f"DIFFERS: {checked}: final test/acc_mean_clients: recorded" in res.stdout

@@ -91,3 +91,29 @@ def test_paper_scale_projections_are_read_from_the_benchmark_table():
     assert rows["feddrm_cifar10_dir03"][1].startswith("at least")
     assert rows["fedpals_pacs"][0] is None and "cannot run" in rows["fedpals_pacs"][1]  # no round: no projection
     assert rows["fedpals_iwildcam"][1].startswith("at least")  # from its memory-mapped pool, stopped at the timeout
+
+
+@pytest.mark.parametrize("name", PAPERS)
+def test_every_claim_holds_on_the_papers_own_numbers_and_states_the_ties_it_rests_on(name):
+    """A claim the paper's own table contradicts (FedDRM's label shift on Table 1's system accuracy) cannot be a
+    claim of the paper; a rank claim names every row the paper prints with exactly its row's number there."""
+    from fl.reproduce.claim_cells import cells_of, instances, paper_mean, stated_ties
+    paper = load_paper(name)
+    for claim in paper.claims:
+        for (label, params), keys in zip(instances(claim), cells_of(claim)):
+            table = paper.table(keys[0].table)
+            sign = -1.0 if table.lower_is_better else 1.0
+            where = f"{claim.id} {label}"
+            if claim.rule == "better":
+                a, b = (paper_mean(table, k.column, k.row) for k in keys)
+                if a is not None and b is not None:
+                    assert sign * (a - b) > params.get("margin", 0.0), f"{where}: {a} against {b}"
+            elif claim.rule == "rank":
+                mine = paper_mean(table, keys[0].column, keys[0].row)
+                others = {r.method: paper_mean(table, keys[0].column, r.method) for r in table.rows
+                          if r.method != keys[0].row}
+                others = {m: v for m, v in others.items() if v is not None}
+                above = [m for m, v in others.items() if sign * (v - mine) > 0]
+                assert 1 + len(above) <= params["rank"], f"{where}: {above} above it in the paper"
+                assert sorted(stated_ties(claim, keys[0].column)) == sorted(
+                    m for m, v in others.items() if v == mine), where

@@ -26,7 +26,7 @@ def test_list_methods_gives_one_line_per_registered_method(args, capsys):
     assert all(len(line.split(maxsplit=1)) == 2 for line in lines)  # every one says what it is
 
 
-@pytest.mark.parametrize("kind", ["configs", "datasets", "models", "evaluators"])
+@pytest.mark.parametrize("kind", ["configs", "datasets", "models", "evaluators", "aggregators"])
 def test_list_other_kinds(kind, capsys):
     assert main(["--list", kind]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -43,6 +43,13 @@ def test_method_help_shows_hyperparameters_with_ranges_and_help(capsys):
     assert main(["method.name=fedprox", "--help"]) == 0
     out = capsys.readouterr().out
     assert "method.mu=" in out and ">= 0" in out and "proximal" in out.lower()
+
+
+def test_method_help_shows_what_its_runs_need(capsys):
+    assert main(["method.name=fedpals", "--help"]) == 0
+    assert "\nneeds: data.target.distribution=partition (or other values of these keys)\n" in capsys.readouterr().out
+    assert main(["method.name=fedprox", "--help"]) == 0
+    assert "needs:" not in capsys.readouterr().out
 
 
 def test_method_help_of_a_config_shows_its_values(capsys):

@@ -178,13 +178,13 @@ def test_a_run_made_before_a_key_existed_is_refused_naming_the_key(out, capsys):
     run_dir = run_tiny(out, "trainer.rounds=2", name="old")
     path = run_dir / "config.yaml"
     cfg = OmegaConf.load(path)
-    del cfg.server["aggregator"]
+    del cfg.server.aggregator["name"]
     path.write_text(OmegaConf.to_yaml(cfg))
     ckpt = ckpt_dir(run_dir) / "last.ckpt"
     state = torch.load(ckpt, weights_only=False)
-    del state["config"]["server"]["aggregator"]
+    del state["config"]["server"]["aggregator"]["name"]
     torch.save(state, ckpt)
     assert main([f"resume={run_dir}", "trainer.rounds=3"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "server.aggregator did not exist when the run was made" in err
+    assert err.count("\n") == 1 and "server.aggregator.name did not exist when the run was made" in err
     assert "='mean'" in err and len(read_metrics(run_dir)) == 2  # nothing ran

@@ -162,6 +162,46 @@ def test_a_diverged_run_is_finished_but_its_metric_is_left_out_of_the_point(tmp_
     assert "0.9000 ± 0.0000  (n=1)  (1 diverged, left out)" in capsys.readouterr().out
 
 
+def test_a_run_another_invocation_holds_is_waited_for_then_reused_not_trained_again(tmp_path, capsys):
+    """The other invocation is this test: it holds the run's lock, finishes the run (summary.json), lets go."""
+    import threading
+
+    from fl.sweep.run_lock import release, try_lock
+    from fl.sweep.runner import run_jobs
+
+    run_dir = tmp_path / "p000-x-s0"
+    held = try_lock(run_dir)
+    assert held is not None and try_lock(run_dir) is None  # one holder at a time, even within a process
+
+    def finish():
+        run_dir.mkdir()
+        (run_dir / "summary.json").write_text(json.dumps({"final": {}}))
+        release(held)
+
+    timer = threading.Timer(1.5, finish)
+    timer.start()
+    job = Job("p000-x", {}, 0, run_dir)
+    assert run_jobs(parse_sweep(doc()), [job], [], 1) == []
+    timer.join()
+    out = capsys.readouterr().out
+    assert "waiting for p000-x-s0: another invocation is running it" in out
+    assert "[1/1] p000-x-s0 finished by another invocation; reused" in out and " done " not in out
+    assert not (tmp_path / "logs" / "p000-x-s0.log").exists()  # nothing was started here
+    release(try_lock(run_dir))
+
+
+def test_a_damaged_config_of_a_run_is_named_in_one_line(tmp_path):
+    from fl.sweep.runner import check_reuse
+
+    run_dir = tmp_path / "p000-x-s0"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("# partition fingerprint: x\nseed: [\n")
+    with pytest.raises(ConfigError) as err:
+        check_reuse([Job("p000-x", {}, 0, run_dir, {"seed": 0})])
+    assert str(err.value).count("\n") == 0 and f"{run_dir / 'config.yaml'} cannot be read" in str(err.value)
+    assert f"delete {run_dir} to run it again" in str(err.value)
+
+
 @pytest.mark.slow
 def test_offline_sweep_runs_groups_resumes_and_picks_the_best(tmp_path):
     sweep_file = tmp_path / "tiny.yaml"

@@ -299,4 +299,5 @@ class CoTrainingServer(Server):
         self.pseudo = state["pseudo"]
 
 
-register_method("fedmosaic", FedMosaicConfig, FedMosaicClient, CoTrainingServer, resolve)
+register_method("fedmosaic", FedMosaicConfig, FedMosaicClient, CoTrainingServer, resolve,
+                needs=("data.public_size=40",))

@@ -28,4 +28,4 @@ class FedCTClient(CoTrainingClient):
         return torch.ones(preds.shape[0])  # every vote counts the same: a majority vote
 
 
-register_method("fedct", FedCTConfig, FedCTClient, CoTrainingServer, resolve)
+register_method("fedct", FedCTConfig, FedCTClient, CoTrainingServer, resolve, needs=("data.public_size=40",))

@@ -78,4 +78,5 @@ class FedPALSServer(Server):
         metrics.update({f"server/alpha/{cid}": float(a) for cid, a in self.weights.items()})
 
 
-register_method("fedpals", FedPALSConfig, FedProxClient, FedPALSServer, resolve, headline="test/target_acc")
+register_method("fedpals", FedPALSConfig, FedProxClient, FedPALSServer, resolve, headline="test/target_acc",
+                needs=("data.target.distribution=partition",))

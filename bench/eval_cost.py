@@ -1,0 +1,154 @@
+"""What an evaluation costs against the number of forwards and the evaluation batch size.
+
+The workload is issue 35's: FedAvg on the quickstart setting (20 clients, embedded data, the small CNN) with each
+client's test set drawn from the official test split (`data.test_split=official`), after one training round. For each
+`trainer.eval_batch_size` it times `Orchestrator.evaluate` (the per-client accuracies, the pooled accuracy and the
+default evaluators) two ways, interleaved over the repeats:
+
+* shared: as the loop runs it, each distinct test image scored once per distinct model (here: the global model on
+  the official test set, every client's counts gathered from those predictions by index);
+* per-client: every client's own pass over its test split, as before (`shares_global_passes` patched to False).
+
+It counts the images that went through the model (a forward pre-hook on the model), checks that both ways give the
+same metrics bit for bit, and counts the test rows whose logits differ between a client's own batches and the pooled
+batches, and those whose predicted label differs. Then a bare loop times the model alone over the official test
+set at each batch size (ms per image): the batch size that is fastest there is the CPU default.
+
+    python bench/eval_cost.py [--batch-sizes 8 16 32 64 128 256 1024] [--repeats 5] [--threads N] [key=value ...]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+from fl.config import load_config
+from fl.core import evaluation
+from fl.core.loop import Orchestrator
+from fl.core.registry import METHODS
+from fl.data import build_data
+from fl.run.train import make_fabric
+
+WORKLOAD = ["method.name=fedavg", "data.test_split=official", "logger.wandb.mode=disabled", "logger.progress=false",
+            "trainer.rounds=1", "trainer.eval_every=1"]
+
+
+def build(tmp: str, extra: list[str]) -> Orchestrator:
+    cfg = load_config([*WORKLOAD, f"logger.output_dir={tmp}", f"data.root={tmp}/data", *extra])
+    data = build_data(cfg)
+    server = METHODS[cfg.method.name].server_cls(cfg)
+    fabric = make_fabric(cfg, [server], [])
+    fabric.launch()
+    orch = Orchestrator(cfg, fabric, data, server, Path(tmp) / "run")
+    orch.run_round(0)  # a trained global model; its evaluation is not timed
+    return orch
+
+
+class ImageCount:
+    """Images through the model's forward, counted by a pre-hook."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.images = 0
+        model.register_forward_pre_hook(self._count)
+
+    def _count(self, module, args) -> None:
+        self.images += len(args[0])
+
+
+def evaluate_once(orch: Orchestrator, shared: bool, counter: ImageCount) -> tuple[float, dict, int]:
+    """(seconds, metrics, images) of one evaluation of round 0."""
+    before = counter.images
+    with contextlib.nullcontext() if shared else mock.patch.object(evaluation, "shares_global_passes",
+                                                                   lambda ctx: False):
+        start = time.perf_counter()
+        metrics = orch.evaluate(orch.context(0))
+        seconds = time.perf_counter() - start
+    return seconds, metrics, counter.images - before
+
+
+def row_agreement(orch: Orchestrator) -> tuple[int, int, int]:
+    """(rows, rows whose logits differ bitwise, rows whose predicted label differs) between each client's own
+    batches and the pooled batches of the official test set, for the global model at the current batch size."""
+    m, data = orch.module, orch.data
+    ctx = orch.context(0)
+    ctx.load_client(-1)
+    pooled = torch.cat([logits for logits, _ in m.eval_pass(data.pooled_test())])
+    rows = bits = labels = 0
+    for cid in range(data.num_clients):
+        where = data.pooled_test_rows(cid)
+        if where is None:
+            continue
+        own = torch.cat([logits for logits, _ in m.eval_pass(data.clients[cid].test)] or [pooled[:0]])
+        ref = pooled[where]
+        rows += len(own)
+        bits += int((own != ref).any(1).sum())
+        labels += int((own.argmax(1) != ref.argmax(1)).sum())
+    return rows, bits, labels
+
+
+def bare_forward(orch: Orchestrator, batch_size: int, repeats: int) -> float:
+    """Median seconds per image of the model alone over the official test set (prepared once), in eval mode."""
+    model, data = orch.module.model.eval(), orch.data
+    x = data.prepare(data.global_test.x.to(orch.fabric.device), torch.float32)
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for i in range(0, len(x), batch_size):
+                model(x[i:i + batch_size])
+            times.append((time.perf_counter() - start) / len(x))
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 1024])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    p.add_argument("overrides", nargs="*", help="key=value given to the run's config")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        orch = build(tmp, args.overrides)
+        counter = ImageCount(orch.module.model)
+        data = orch.data
+        tests = sum(len(c.test) for c in data.clients)
+        print(f"FedAvg, {data.num_clients} clients, data.test_split=official: {len(data.global_test)} official test "
+              f"images, {tests} in the clients' test sets; {torch.get_num_threads()} torch threads, "
+              f"load average {os.getloadavg()[0]:.2f} at the start")
+        times = {(b, s): [] for b in args.batch_sizes for s in (True, False)}
+        images, results = {}, {}
+        for rep in range(args.repeats):  # interleaved: drift in the machine's load favours no configuration
+            for b in args.batch_sizes:
+                orch.cfg.trainer.eval_batch_size = b
+                for shared in ((True, False) if rep % 2 == 0 else (False, True)):
+                    seconds, metrics, n = evaluate_once(orch, shared, counter)
+                    times[b, shared].append(seconds)
+                    images[b, shared] = n
+                    results[b, shared] = metrics
+        print(f"\n{'batch':>6} {'mode':>10} {'images':>8} {'eval s':>8} {'ms/image':>9}  same metrics")
+        for b in args.batch_sizes:
+            same = results[b, True] == results[b, False]
+            for shared in (True, False):
+                t = statistics.median(times[b, shared])
+                n = images[b, shared]
+                print(f"{b:>6} {'shared' if shared else 'per-client':>10} {n:>8} {t:>8.3f} {1e3 * t / n:>9.3f}"
+                      f"  {'yes' if same else 'NO'}")
+        print(f"\n{'batch':>6} {'bare ms/image':>14} {'rows':>6} {'logits differ':>14} {'label differs':>14}")
+        for b in args.batch_sizes:
+            orch.cfg.trainer.eval_batch_size = b
+            rows, bits, labels = row_agreement(orch)
+            print(f"{b:>6} {1e3 * bare_forward(orch, b, args.repeats):>14.4f} {rows:>6} {bits:>14} {labels:>14}")
+        print(f"load average {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()

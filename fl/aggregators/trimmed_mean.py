@@ -1,0 +1,26 @@
+"""The coordinate-wise trimmed mean (Yin et al. 2018, "Byzantine-Robust Distributed Learning: Towards Optimal
+Statistical Rates", Definition 2)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from fl.config import param
+from fl.core.aggregation import Uploads, coordinatewise, trimmed_mean_of_rows
+from fl.core.registry import register_aggregator
+
+
+@dataclass
+class Settings:
+    trim_fraction: float = param(0.1, ge=0.0, lt=0.5, help="beta: each coordinate drops its floor(beta N) largest and "
+                                 "floor(beta N) smallest values of the N clients (0 = the unweighted mean)")
+
+
+@register_aggregator("trimmed_mean", Settings)
+def trimmed_mean(uploads: Uploads, start: dict[str, Tensor], s) -> dict[str, Tensor]:
+    """Each coordinate's beta-trimmed mean over the round's clients, unweighted (Yin et al. 2018): the floor(beta N)
+    largest and smallest values dropped, the rest averaged."""
+    beta = float(s.trim_fraction)
+    return coordinatewise(uploads, lambda rows: trimmed_mean_of_rows(rows, math.floor(beta * len(rows))))

@@ -1,0 +1,142 @@
+"""The shared tests every plug-in gets (issue 34, item 5), parametrized from the registries (tests/conformance.py):
+a method, dataset, partition, client transform or aggregator file added under fl/ is picked up with no test edited.
+
+- every method, and every aggregator (with FedAvg's clients): resumed equals uninterrupted, bit for bit;
+- every data plug-in: one round, and the same clients built twice from the same seed (what resume and every process
+  rely on); a dataset that reads files refuses an empty data.root in one line naming it;
+- all of them on 1 and 2 processes (slow: one start-up per group of runs, tests/every_method.py).
+
+Elsewhere from the same lists: every method trains a round under 16-mixed and bf16-mixed
+(tests/core/test_precision.py), every method that declares a functional step trains K clients at once as one at a
+time (tests/core/test_parallel_clients.py), every aggregator's chunked computation (tests/core/test_aggregation.py),
+every method's docs page and index row (tests/repo/test_docs.py)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from fl.config import load_config
+from fl.data import build_data
+from fl.run.train import main
+from tests import conformance
+from tests.data.test_data_plugins import data_hash
+from tests.helpers import (
+    ROOT,
+    assert_same_rows,
+    interrupted_and_resumed,
+    load_ckpt,
+    read_metrics,
+    run_cli,
+    tiny,
+)
+
+RESUME = ("trainer.rounds=2", "trainer.checkpoint_every=10")  # Ctrl-C as round 1 starts; round 0 checkpointed
+
+
+def same_state(a, b, where: str = "") -> list[str]:
+    """Where two checkpoint parts (nested dicts, lists, tensors, numbers) differ; [] when equal bit for bit."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{where}: keys {sorted(map(str, a.keys() ^ b.keys()))[:3]}"]
+        return [d for k in a for d in same_state(a[k], b[k], f"{where}/{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in same_state(x, y, f"{where}/{i}")]
+    if torch.is_tensor(a) and torch.is_tensor(b):
+        return [] if a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b) else [where]
+    equal = a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+    return [] if equal else [where]
+
+
+def assert_resumed_equals_uninterrupted(out, monkeypatch, *extra: str) -> None:
+    full, cut = interrupted_and_resumed(out, monkeypatch, *extra, *RESUME, at_round=1)
+    assert read_metrics(cut) == read_metrics(full)
+    a, b = load_ckpt(full), load_ckpt(cut)
+    assert same_state(a["server"], b["server"], "server") == []
+    assert same_state(a["clients"], b["clients"], "clients") == []
+
+
+@pytest.mark.parametrize("method", conformance.METHODS)
+def test_every_method_resumed_equals_uninterrupted(out, monkeypatch, method):
+    assert_resumed_equals_uninterrupted(out, monkeypatch, *conformance.method_args(method), *conformance.SMALL)
+
+
+@pytest.mark.parametrize("aggregator", conformance.AGGREGATORS)
+def test_every_aggregator_resumed_equals_uninterrupted(out, monkeypatch, aggregator):
+    assert_resumed_equals_uninterrupted(out, monkeypatch, *conformance.aggregator_args(aggregator),
+                                        "data.num_clients=8", "data.embedded.samples_per_class=16")
+
+
+DATA_PLUGINS = ([("dataset", n) for n in conformance.DATASETS] + [("partition", n) for n in conformance.PARTITIONS]
+                + [("client transform", n) for n in conformance.CLIENT_TRANSFORMS])
+
+
+@pytest.mark.parametrize("kind, name", DATA_PLUGINS, ids=lambda v: v.replace(" ", "_"))
+def test_every_data_plugin_runs_a_round_and_builds_the_same_clients_twice(out, kind, name):
+    args = conformance.data_args(kind, name, str(out))
+    if isinstance(args, str):  # no generated configuration takes it: a dataset on disk, refused in one line
+        assert kind == "dataset", f"{kind} {name!r} runs in none of the small configurations: {args}"
+        assert main(tiny(out, f"data.name={name}", optional=conformance.SMALL)) == 2
+        assert "\n" not in args and str(out / "data") in args, args
+        assert not (out / "outputs").exists()
+        return
+    cfg = load_config(tiny(out, *args, optional=conformance.SMALL))
+    assert data_hash(build_data(cfg)) == data_hash(build_data(cfg))
+    assert main(tiny(out, *args, "trainer.rounds=1", "logger.run_name=run", optional=conformance.SMALL)) == 0
+    row = read_metrics(out / "outputs" / "run")[0]
+    assert math.isfinite(row["train/loss"]) and 0.0 <= row["test/acc_mean_clients"] <= 1.0
+
+
+# ---- 1 vs 2 processes ------------------------------------------------------------------------------------------------
+TWO = ("trainer.rounds=2", "data.num_clients=4", "trainer.participation=0.75", "fabric.cpu_threads=1",
+       "data.embedded.samples_per_class=16")  # SMALL's 4 clients, 3 a round: 2 on one process, 1 on the other
+
+
+def every_run(out) -> dict[str, tuple[tuple[str, ...], bool]]:
+    """name -> (its arguments, whether 1 and 2 processes must agree bit for bit): every method, every aggregator
+    (every upload gathered in client order: bitwise) and every data plug-in with a generated configuration."""
+    runs = {f"method_{m}": (conformance.method_args(m), False) for m in conformance.METHODS}
+    runs.update({f"aggregator_{a}": (conformance.aggregator_args(a), True) for a in conformance.AGGREGATORS})
+    for kind, name in DATA_PLUGINS:
+        args = conformance.data_args(kind, name, str(out))
+        if not isinstance(args, str):
+            runs[f"{kind.replace(' ', '_')}_{name}"] = (args, False)
+    return runs
+
+
+GROUPS = 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", range(GROUPS))
+def test_every_plugin_on_one_and_two_processes(out, group):
+    """A quarter of every_run's runs, each on 1 process and on 2 (Fabric ddp, gloo), the runs of each side in one
+    process pair: the same metrics within float32 reduction order (bit for bit for the aggregators that keep every
+    upload) and the same global model."""
+    runs = dict(sorted(every_run(out).items())[group::GROUPS])
+    for side, extra in (("one", ()), ("two", ("fabric.strategy=ddp", "fabric.devices=2"))):
+        listed = [tiny(out, *args, *extra, f"logger.run_name={side}_{name}", optional=TWO)
+                  for name, (args, _) in runs.items()]
+        (out / f"{side}.json").write_text(json.dumps(listed))
+        res = run_cli([str(out / f"{side}.json")], cwd=out, script=(str(ROOT / "tests" / "every_method.py"),),
+                      timeout=560)
+        assert res.returncode == 0 and res.stdout.count(" exited 0") >= len(runs), res.stdout[-3000:] + res.stderr[
+            -3000:]
+    differ = []
+    for name, (_, bitwise) in runs.items():
+        one, two = out / "outputs" / f"one_{name}", out / "outputs" / f"two_{name}"
+        ga, gb = (load_ckpt(d)["server"]["global_params"] for d in (one, two))
+        try:
+            if bitwise:
+                assert read_metrics(one) == read_metrics(two)
+                assert same_state(ga, gb) == []
+            else:
+                assert_same_rows(read_metrics(one), read_metrics(two), abs=1e-5)
+                assert ga.keys() == gb.keys()
+                for k in ga:
+                    torch.testing.assert_close(gb[k], ga[k], rtol=0, atol=1e-5)
+        except AssertionError as err:
+            differ.append(f"{name}: {str(err).splitlines()[0][:200]}")
+    assert differ == []
