@@ -1,6 +1,7 @@
 """Callbacks a test config names by import path (`callbacks: [{class: tests.recording_callbacks.Recorder}]`): one
-records every call it gets, one writes a metric whose history the test chooses."""
+records every call it gets, two write a metric whose history the test chooses (one higher-is-better, one lower)."""
 from fl.core import Callback
+from fl.core.metric_directions import HIGHER, LOWER
 
 CALLS: list[tuple] = []  # (name, hook, round, what the hook got): filled by in-process runs, cleared by the test
 
@@ -25,8 +26,23 @@ class Recorder(Callback):
 class ScriptedMetric(Callback):
     """Puts values[round] into each evaluation's metrics as `key`."""
 
+    metric_directions = {"test/scripted": HIGHER}
+
     def __init__(self, values: list, key: str = "test/scripted"):
         self.values, self.key = values, key
 
     def on_evaluate(self, ctx, metrics):
         metrics[self.key] = float(self.values[ctx.round])
+
+
+class ScriptedRisk(Callback):
+    """A user's lower-is-better metric, test/risk (values[round] at each evaluation), declared so where it is
+    logged."""
+
+    metric_directions = {"test/risk": LOWER}
+
+    def __init__(self, values: list):
+        self.values = values
+
+    def on_evaluate(self, ctx, metrics):
+        metrics["test/risk"] = float(self.values[ctx.round])

@@ -61,8 +61,9 @@ def chosen(*sources) -> dict[str, str]:
 def block_class(base: type, plugin: registry.DataPlugin) -> type:
     """The typed block of a plug-in choice: the keys `base` gives every choice, then the plug-in's own settings."""
     clash = sorted({f.name for f in fields(plugin.settings)} & {f.name for f in fields(base)})
-    if clash:
-        raise TypeError(f"{plugin.name!r}: its settings redefine {', '.join(clash)}, which every choice's block has")
+    if clash:  # registration refuses this (registry.SHARED_KEYS); a plug-in registered before fl.config loaded
+        raise ConfigError(f"{plugin.name!r}: its setting {clash[0]!r} has the name of a key every choice of its block "
+                          f"takes ({base.__name__}); rename the setting")
     name = next(f for f in fields(base) if f.name == "name")
     return make_dataclass(f"{base.__name__}_{plugin.name}", [("name", str, field(default=plugin.name,
                                                                                    metadata=name.metadata))],

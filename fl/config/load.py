@@ -19,8 +19,10 @@ from fl.config.arms import expand_arms
 from fl.config.blocks import check_choice, chosen, drop_replaced_settings, other_takers, schema
 from fl.config.errors import ConfigError, choices_msg, suggest
 from fl.core import registry
-from fl.core.callbacks import CallbackError, callback_class
+from fl.core.callbacks import CallbackError, EarlyStopping, callback_class
+from fl.core.metric_directions import describe, lookup
 from fl.core.plugins import PluginNotFound
+from fl.core.run_metrics import run_directions
 
 CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
 DEFAULT_CONF = "quickstart"
@@ -334,21 +336,22 @@ def validate(cfg: DictConfig) -> None:
     spec = registry.METHODS[cfg.method.name]
     if spec.resolve is not None:
         spec.resolve(cfg)
+    stops = [("trainer.early_stop", cfg.trainer.early_stop)] if cfg.trainer.early_stop.metric is not None else []
     for i, entry in enumerate(cfg.callbacks):
         try:
-            callback_class(entry)
+            cls, _ = callback_class(entry)
         except CallbackError as err:
             raise ConfigError(f"callbacks[{i}]: {err}") from None
-    watched = cfg.trainer.early_stop.metric
-    if watched is not None and watched.startswith("val/") and not cfg.data.val_fraction:
-        raise ConfigError(f"trainer.early_stop.metric={watched!r} needs validation splits: set data.val_fraction "
-                          "(e.g. 0.1)")
+        if issubclass(cls, EarlyStopping):
+            stops.append((f"callbacks[{i}]", entry))
     check_aggregator(cfg, spec)
     for name in cfg.data.augment:
         check_choice("data.augment", name, registry.AUGMENTATIONS)
     for name in cfg.trainer.evaluators or []:
         check_choice("trainer.evaluators", name, registry.EVALUATORS)
     check_choice("model.name", cfg.model.name, registry.MODELS)
+    for where, node in stops:  # after the evaluators' names: they say what the run logs
+        check_watched(cfg, where, node)
     name = cfg.logger.run_name
     if name is not None and (str(name) in ("", ".", "..") or any(c in str(name) for c in "/\\")):
         raise ConfigError(f"logger.run_name={str(name)!r} must be one folder name (no '/', not '..'); the run "
@@ -364,6 +367,30 @@ def validate(cfg: DictConfig) -> None:
             "32-true", "32", "64-true", "64", "bf16-mixed", "16-mixed"):
         raise ConfigError(f"fabric.precision={cfg.fabric.precision!r} is not supported on CPU; "
                           "use 32-true, 64-true, bf16-mixed or 16-mixed")
+
+
+def check_watched(cfg: DictConfig, where: str, node: DictConfig) -> None:
+    """Early stopping's metric (`node`: trainer.early_stop, or an EarlyStopping entry of `callbacks`) is one the run
+    logs, known before it starts (fl/core/run_metrics.py), and declared better one way; its `mode`, left out, becomes
+    that direction, and one against it is refused."""
+    metric, mode = node.metric, node.get("mode")
+    if metric.startswith("val/") and not cfg.data.val_fraction:
+        raise ConfigError(f"{where}.metric={metric!r} needs validation splits: set data.val_fraction (e.g. 0.1)")
+    logged = run_directions(cfg)
+    known, direction = lookup(metric, logged)
+    if not known:
+        names = sorted(k for k, d in logged.items() if d is not None and not k.endswith("*"))
+        raise ConfigError(f"{where}.metric={metric!r} is not a metric this run logs{suggest(metric, names)}; "
+                          f"those of method.name={cfg.method.name} and its evaluators better one way: "
+                          f"{', '.join(names)}")
+    if direction is None:
+        raise ConfigError(f"{where}.metric={metric!r} is a diagnostic, declared neither higher nor lower better; "
+                          "early stopping needs a metric that is better one way")
+    if mode is None:
+        node.mode = direction
+    elif mode != direction:
+        raise ConfigError(f"{where}.mode={mode!r} is against {metric}, whose logger declares {describe(direction)} "
+                          f"(mode {direction}); leave mode out, it follows the metric")
 
 
 def check_aggregator(cfg: DictConfig, spec) -> None:

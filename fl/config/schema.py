@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+from fl.core import registry
+
 
 def param(default: Any, *, ge=None, gt=None, le=None, lt=None, choices=None, search=None, help: str = ""):
     """A dataclass field with validation metadata.
@@ -28,7 +30,8 @@ class EarlyStopConfig:
                                   "(val/* needs data.val_fraction > 0; watching test/* selects on the test set); "
                                   "null = off")
     patience: int = param(5, ge=1, help="the run stops after this many evaluations in a row without improvement")
-    mode: str = param("max", choices=["max", "min"], help="max: higher is better (accuracies); min: lower (losses)")
+    mode: Optional[str] = param(None, choices=["max", "min"], help="max: higher is better; min: lower; null = the "
+                                "direction the metric's logger declares (a mode against it is refused)")
     min_delta: float = param(0.0, ge=0.0, help="an improvement must exceed the best so far by more than this")
 
 
@@ -283,6 +286,13 @@ class Config:
     plugins: list = param([], help="modules imported before the config is checked, which register methods, "
                           "datasets, partitions, client transforms, aggregators, models or evaluators: "
                           "[mypackage.fl_plugin, ...]")
+
+
+# A data plug-in's or aggregator's settings may not take the name of one of these keys (registration refuses it,
+# naming both).
+registry.SHARED_KEYS.update({kind: frozenset(f.name for f in fields(base)) for kind, base in (
+    ("dataset", DataConfig), ("partition", PartitionConfig), ("client transform", ClientTransformConfig),
+    ("aggregator", AggregatorConfig))})
 
 
 def search_spaces(method_cls) -> dict[str, dict]:

@@ -9,11 +9,12 @@ import inspect
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from fl.core.context import RoundContext
+from fl.core.metric_directions import Directions
 
 
 class CallbackError(ValueError):
@@ -33,7 +34,11 @@ class Callback:
     Fine-tuning rounds and rounds without clients get on_evaluate only. `ctx` is a RoundContext (the round, Fabric,
     the data, the config); `ctx.stop(reason)` ends the run after this round. `state_dict()` goes into each
     checkpoint and comes back through `load_state_dict` on resume, so a resumed run continues exactly.
+    `metric_directions` names the metrics a callback adds in on_evaluate and which way each is better
+    (fl/core/metric_directions.py), so early stopping and summaries know them before the run starts.
     """
+
+    metric_directions: ClassVar[Directions] = {}
 
     def on_round_start(self, ctx: RoundContext, selected: list[int]) -> None:
         pass
@@ -53,12 +58,35 @@ class Callback:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
+    @classmethod
+    def check_arguments(cls, **kwargs: Any) -> None:
+        """Refuse bad keyword arguments of a `callbacks:` entry (raise CallbackError naming the argument): fl.train
+        calls it while it checks the config, before any work; by default every value is taken."""
+
 
 class EarlyStopping(Callback):
     """Stops the run when `metric` has not improved for `patience` evaluations in a row: improved means above the
-    best so far by more than `min_delta` (mode max) or below it (mode min); a non-finite value never improves."""
+    best so far by more than `min_delta` (mode max) or below it (mode min); a non-finite value never improves.
+    In a config (trainer.early_stop, or a `callbacks:` entry) the metric must be one the run logs, and `mode`, left
+    out, is the direction its logger declares (fl/core/metric_directions.py)."""
+
+    @classmethod
+    def check_arguments(cls, **kwargs: Any) -> None:
+        metric, patience = kwargs.get("metric", "?"), kwargs.get("patience", 1)
+        mode, min_delta = kwargs.get("mode", "max"), kwargs.get("min_delta", 0.0)
+        if not isinstance(metric, str) or not metric:
+            raise CallbackError(f"metric={metric!r}: name a logged metric, e.g. val/acc_mean_clients")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+            raise CallbackError(f"patience={patience!r}: the evaluations without improvement before the run stops, "
+                                "an integer >= 1")
+        if mode not in ("max", "min"):
+            raise CallbackError(f"mode={mode!r} is not valid; choices: max (higher is better), min (lower is "
+                                "better), or leave it out: the metric's declared direction")
+        if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not 0 <= min_delta < math.inf:
+            raise CallbackError(f"min_delta={min_delta!r}: the margin an improvement must exceed, a number >= 0")
 
     def __init__(self, metric: str, patience: int, mode: str = "max", min_delta: float = 0.0):
+        self.check_arguments(metric=metric, patience=patience, mode=mode, min_delta=min_delta)
         self.metric, self.patience, self.mode, self.min_delta = metric, patience, mode, min_delta
         self.best: Optional[float] = None
         self.best_round: Optional[int] = None
@@ -119,6 +147,10 @@ def callback_class(spec: Any) -> tuple[type, dict[str, Any]]:
         inspect.signature(cls).bind(**kwargs)
     except TypeError as err:
         raise CallbackError(f"class={path!r} does not take {kwargs}: {err}") from None
+    try:
+        cls.check_arguments(**kwargs)
+    except CallbackError as err:
+        raise CallbackError(f"class={path!r}: {err}") from None
     return cls, kwargs
 
 

@@ -24,7 +24,7 @@ import contextlib
 import copy
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,7 @@ from torch import Tensor
 
 from fl.core.batches import augment, batch_indices, one_ahead
 from fl.core.federated_data import FederatedData, Split, rows_to
+from fl.core.metric_directions import LOWER, Directions
 from fl.core.optim import build_optimizer, finetune_lr, round_lr
 from fl.core.registry import build_model
 from fl.core.seeding import generator, seed_torch
@@ -144,6 +145,9 @@ class ClientModule:
     #: may train K clients at once by differentiating `client_loss` (fl/core/parallel.py). Set it in the class
     #: itself: a subclass that changes the loss does not inherit it.
     functional: bool = False
+    #: the scalars `training_step` returns (logged as train/<name>, client/<i>/<name>) and which way each is better
+    #: (fl/core/metric_directions.py); a subclass declares its own, these are merged in
+    metric_directions: ClassVar[Directions] = {"loss": LOWER}
 
     def __init__(self, cfg: DictConfig, data: FederatedData):
         super().__init__()

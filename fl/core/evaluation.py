@@ -11,7 +11,24 @@ from torch import Tensor
 from fl.core.context import EvalContext
 from fl.core.exchange import gather_objects
 from fl.core.global_predictions import model_tensors, predicts_with_model, same_tensors
+from fl.core.metric_directions import HIGHER, LOWER, Directions, declared
 from fl.core.registry import NoSettings
+
+# What summarize_clients and evaluate_clients log (test/X, and val/X on validation splits), and which way is better.
+CLIENT_METRICS: Directions = {"acc_mean_clients": HIGHER, "acc_weighted": HIGHER, "acc_weighted_train": HIGHER,
+                              "acc_micro": HIGHER, "acc_std_clients": LOWER, "acc_worst10": HIGHER}
+NEW_CLIENT_METRICS: Directions = {"acc_original_clients": HIGHER, "acc_new_clients": HIGHER}
+GLOBAL_METRICS: Directions = {"acc_global_micro": HIGHER}
+
+
+def client_metric_directions(cfg, client_cls: type) -> Directions:
+    """evaluate_clients' keys in a run of `cfg` (under test/; the loop renames them val/ on validation splits)."""
+    out = dict(CLIENT_METRICS)
+    if cfg.data.new_clients.count:
+        out.update(NEW_CLIENT_METRICS)
+    if client_cls.has_global_model:
+        out.update(GLOBAL_METRICS)
+    return {f"test/{k}": v for k, v in out.items()}
 
 
 def summarize_clients(correct: Tensor, total: Tensor, train_sizes: list[int], prefix: str = "test/") -> dict[str,
@@ -50,6 +67,14 @@ class Evaluator:
     #: also run on the clients' validation splits (data.val_fraction), its test/* keys logged as val/*; the
     #: evaluator then gets a context whose data has the validation splits in place of the test splits
     on_validation: ClassVar[bool] = False
+    #: the keys `evaluate` returns (client/<i>/... aside) and which way each is better (fl/core/metric_directions.py)
+    metric_directions: ClassVar[Directions] = {}
+
+    @classmethod
+    def logged_directions(cls, cfg, client_cls: type) -> Directions:
+        """The keys it logs in a run of `cfg` with the method's `client_cls`, known before the run starts: by
+        default all it declares; an evaluator that skips some methods or data says so here."""
+        return declared(cls)
 
     def __init__(self, settings: Any):
         self.hp = settings

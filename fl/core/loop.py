@@ -38,6 +38,7 @@ from fl.core.exchange import (
                               to_cpu,
 )
 from fl.core.federated_data import FederatedData
+from fl.core.metric_directions import LOWER, NEITHER, Directions
 from fl.core.optim import build_optimizer, is_finetune_round
 from fl.core.parallel import ParallelClients, why_sequential
 from fl.core.precision import loss_scaler
@@ -50,6 +51,10 @@ if TYPE_CHECKING:  # Lightning loads with the run, not with a method or an evalu
     from lightning.fabric import Fabric
 
 LOSS_SCALE = "loss_scale"  # a client state's entry: its GradScaler state under 16-mixed
+# What the loop itself logs every round, and which way is better; the clients' training scalars (train/<name>) are
+# their ClientModule's metric_directions (fl/core/metric_directions.py).
+LOOP_METRICS: Directions = {"train/clients": NEITHER, "comm/bytes_up": LOWER, "comm/bytes_down": LOWER,
+                            "time/round_s": LOWER}
 
 
 class TrainingFault(RuntimeError):

@@ -1,11 +1,15 @@
 """Images read in place from a memory-mapped uint8 file (`data.cache=mmap`): a pool larger than memory is indexed,
 never loaded. fl/data/cache.py writes the file; a split's `x` is then a `MappedImages`, the rows of the map it holds,
-and every batch is gathered from the map into a fresh (pinned, for a CUDA device) buffer."""
+and every batch is gathered from the map into a fresh (pinned, for a CUDA device) buffer. Each row's CRC-32, written
+with the file, is checked the first time the row is read, so damage that keeps the file's size (bytes overwritten in
+place) stops the run instead of training on it."""
 from __future__ import annotations
 
 import math
 import mmap
 import threading
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
@@ -19,6 +23,17 @@ from torch import Tensor
 RELEASE_BYTES = 256 << 20
 
 
+def row_checksums(rows: np.ndarray) -> np.ndarray:
+    """CRC-32 of each row of a uint8 array [N, ...] (C order), as uint32: what the cache writes beside its images and
+    ImageMap checks on first read."""
+    flat = np.ascontiguousarray(rows).reshape(len(rows), -1)
+    return np.fromiter((zlib.crc32(row) for row in flat), dtype=np.uint32, count=len(flat))
+
+
+class DamagedImages(RuntimeError):
+    """A row of an image map whose bytes no longer match the checksum written with them."""
+
+
 class ImageMap:
     """uint8 images [N, *shape[1:]] stored raw (C order) from byte `offset` of `path`, mapped read-only and shared
     (a private writable map of a file larger than memory is refused by the kernel's overcommit check).
@@ -27,10 +42,20 @@ class ImageMap:
     (numpy's take): with the default readahead a fault reads a whole window around it (8 MiB on the development
     machine, 15x a batch of 224 px images, which thrashes the page cache), so the map is advised MADV_RANDOM; torch's
     index_select on 4-d uint8 rows is 10-40x slower than numpy's take (bench/README.md, "Datasets larger than
-    memory")."""
+    memory").
 
-    def __init__(self, path: Path, shape: tuple[int, ...], offset: int = 0):
+    `checksums` (uint32 per row, row_checksums of the rows as written): each row read for the first time is checked
+    against its own, and a mismatch raises DamagedImages, after `on_damage(row)` (a picklable callable: the cache sets
+    itself aside there) returned what the message adds. The check costs a CRC-32 of each row once per process
+    (bench/README.md, "Datasets larger than memory"); later reads look up one flag per row."""
+
+    def __init__(self, path: Path, shape: tuple[int, ...], offset: int = 0, checksums: Optional[np.ndarray] = None,
+                 on_damage: Optional[Callable[[int], str]] = None):
         self.path, self.shape, self.offset = Path(path), tuple(int(s) for s in shape), int(offset)
+        self.checksums, self.on_damage = checksums, on_damage
+        if checksums is not None and len(checksums) != self.shape[0]:
+            raise ValueError(f"{len(checksums)} checksums for the {self.shape[0]} rows of {self.path}")
+        self._checked = None if checksums is None else np.zeros(self.shape[0], dtype=bool)
         self.row_bytes = math.prod(self.shape[1:])
         n = self.shape[0] * self.row_bytes
         self._map: Optional[mmap.mmap] = None
@@ -57,6 +82,8 @@ class ImageMap:
         for start in (at * self.row_bytes + self.offset).tolist():
             self._map.madvise(mmap.MADV_WILLNEED, start - start % page, start % page + self.row_bytes)
         np.take(self._rows, at, axis=0, out=out.numpy().reshape(len(at), -1), mode="clip")  # in bounds: checked
+        if self._checked is not None:
+            self._check(at, out.numpy().reshape(len(at), -1))
         with self._lock:
             self._read += out.numel()
             release, self._read = self._read >= RELEASE_BYTES, self._read % RELEASE_BYTES
@@ -64,8 +91,19 @@ class ImageMap:
             self._map.madvise(mmap.MADV_DONTNEED)  # unmap, not evict: the next read is a page-cache hit
         return out
 
-    def __reduce__(self):  # a copy (pickle, deepcopy) maps the same file again
-        return ImageMap, (self.path, self.shape, self.offset)
+    def _check(self, at: np.ndarray, rows: np.ndarray) -> None:
+        """The rows read now (positions `at`, bytes `rows`) that were never checked, against their checksums."""
+        fresh = np.flatnonzero(~self._checked[at])
+        for i in fresh.tolist():
+            row = int(at[i])
+            if zlib.crc32(rows[i]) != int(self.checksums[row]):
+                note = self.on_damage(row) if self.on_damage is not None else ""
+                raise DamagedImages(f"image {row} of {self.path} does not match the checksum written with it: the file "
+                                    f"was changed after it was built{'; ' + note if note else ''}")
+        self._checked[at[fresh]] = True  # a flag set twice by the two reading threads is set all the same
+
+    def __reduce__(self):  # a copy (pickle, deepcopy) maps the same file again, its rows checked again
+        return ImageMap, (self.path, self.shape, self.offset, self.checksums, self.on_damage)
 
 
 class MappedImages:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Optional
 
 import fl.core.plugins as plugins
@@ -46,6 +46,7 @@ class DataPlugin:
     fn: Callable
     settings: type = NoSettings
     batch: Optional[Callable] = None  # a client transform's per-batch form (data.client_transform.after_augment)
+    overlap: bool = False  # a partition that may give one sample to several clients (the others never do)
 
 
 @dataclass(frozen=True)
@@ -113,10 +114,28 @@ def _registrar(table: dict, kind: str):
     return register
 
 
+# kind -> the keys every choice's block has (a dataset's are data.root, data.num_clients, ...), which a plug-in's
+# settings may not redefine: fl/config/schema.py, which declares those blocks, fills this when it is imported (a
+# plug-in's `param` comes from there, so before the plug-in registers). The config layer checks again when it builds
+# a block, for a plug-in registered before.
+SHARED_KEYS: dict[str, frozenset[str]] = {}
+
+
+def shadowed_keys(kind: str, settings: type) -> list[str]:
+    """The fields of a plug-in's settings that have the name of a key every choice of `kind` takes."""
+    return sorted({f.name for f in fields(settings)} & SHARED_KEYS.get(kind, frozenset()))
+
+
 def _data_registrar(table: dict, kind: str, plugin: type = DataPlugin):
     def register(name: str, settings: type = NoSettings, **extra):
         if not is_dataclass(settings):
             raise TypeError(f"{kind} {name!r}: its settings must be a dataclass of param(...) fields, got {settings!r}")
+        clash = shadowed_keys(kind, settings)
+        if clash:
+            block = {"dataset": "data", "partition": "data.partition", "aggregator": "server.aggregator"}.get(
+                kind, "data.client_transform")
+            raise ValueError(f"{kind} {name!r}: its setting {clash[0]!r} has the name of {block}.{clash[0]}, a key "
+                             f"every {kind} takes; rename the setting")
 
         def deco(fn):
             _add(table, kind, name, plugin(name, fn, settings, **extra))
@@ -127,8 +146,9 @@ def _data_registrar(table: dict, kind: str, plugin: type = DataPlugin):
 
 # @register_dataset(name, Settings): fn(d) -> Pool, d the `data` block (its keys and the dataset's settings, data.*)
 register_dataset = _data_registrar(DATASETS, "dataset")
-# @register_partition(name, Settings): fn(candidates, num_clients, s, rng) -> one array of positions per client,
-# s the `data.partition` block (fl/data/partitions/__init__.py)
+# @register_partition(name, Settings[, overlap=True]): fn(candidates, num_clients, s, rng) -> one array of integer
+# positions per client, s the `data.partition` block (fl/data/partitions/__init__.py); overlap=True lets one position
+# go to several clients
 register_partition = _data_registrar(PARTITIONS, "partition")
 # @register_client_transform(name, Settings[, batch=fn]): fn(x, client, num_clients, seed, s) -> x, s the
 # `data.client_transform` block; batch(x, owner, num_clients, s) -> x (fl/data/client_transforms/__init__.py)

@@ -1,7 +1,7 @@
 """Server: a method's server step, registered as a Fabric callback. The default is FedAvg."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from omegaconf import DictConfig
@@ -12,6 +12,7 @@ from fl.core.aggregation import Uploads
 from fl.core.client import ClientModule, Upload
 from fl.core.context import RoundContext
 from fl.core.federated_data import FederatedData
+from fl.core.metric_directions import Directions
 
 
 class Server:
@@ -37,7 +38,12 @@ class Server:
     The weighted mean streams (memory does not grow with the round's clients); `aggregate` sees each client's upload
     (`uploads.clients`) only when `needs_every_upload` is true: the chosen aggregator needs them, or a method that
     overrides `aggregate` sets it.
+
+    `metric_directions` names the keys the server adds to `metrics` and which way each is better
+    (fl/core/metric_directions.py); declare them where they are logged.
     """
+
+    metric_directions: ClassVar[Directions] = {}
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg

@@ -26,13 +26,27 @@ class DataError(ConfigError):
         super().__init__(f"{what}: expected {expected}; {obtain}")
 
 
+# The statistics of uint8 images whose dataset gives none: every channel to [-1, 1], as the loaders of CIFAR, (F)MNIST,
+# TinyImageNet and `arrays` files do (FedMosaic's and pFedFDA's Normalize(0.5, 0.5)). A fixed value rather than one
+# computed from the pool: it needs no pass over the images (a memory-mapped pool may be larger than memory) and does
+# not change with the pool's size or split. A dataset with its own statistics sets them (pixel_stats computes them).
+DEFAULT_MEAN = DEFAULT_STD = 0.5
+
+
 @dataclass
 class Pool:
     """A labelled dataset as a loader returns it, before it is split over clients.
 
     train/test: the dataset's own splits (test is None when the dataset has no official test split);
-    domain ids, when present, index `domain_names`. mean/std: per-channel statistics of the [0, 1]
-    pixel values used to normalise uint8 images (None for float inputs, which are used as they are).
+    domain ids, when present, index `domain_names`.
+
+    Inputs: `x` is either uint8 images [N, C, H, W] (channels first; a channels-last [N, H, W, C] array becomes
+    one with x.permute(0, 3, 1, 2).contiguous()), or floats of any shape, used as they are (features, or images
+    already scaled; never normalised). Each batch of uint8 images becomes (x / 255 - mean) / std, channel by channel:
+    mean/std are per-channel statistics of the [0, 1] pixel values; left None they are 0.5 for every channel
+    (DEFAULT_MEAN, DEFAULT_STD: pixels to [-1, 1]), the same for every dataset; (0, ..., 0) and (1, ..., 1) keep the
+    [0, 1] values (FedBN's ToTensor-only pipeline). Float inputs take no mean/std. `check_pool` refuses anything else
+    when the data is loaded, before a run directory exists.
     """
     name: str
     train: Split
@@ -43,6 +57,11 @@ class Pool:
     mean: Optional[tuple[float, ...]] = None
     std: Optional[tuple[float, ...]] = None
     fine_labels: Optional[tuple[Tensor, Optional[Tensor]]] = None  # (train, test) finer labels, e.g. CIFAR-100's
+
+    def __post_init__(self):
+        x = self.train.x
+        if self.mean is None and self.std is None and x.dtype == torch.uint8 and x.dim() == 4:
+            self.mean, self.std = (DEFAULT_MEAN,) * x.shape[1], (DEFAULT_STD,) * x.shape[1]
 
 
 def pixel_stats(x: Tensor, rows: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -87,10 +106,44 @@ def download_param() -> Any:
     return param(False, help="let torchvision download the dataset when its files are missing (needs a network)")
 
 
+def check_layout(pool: Pool, where: str) -> None:
+    """The inputs' dtype and layout, and their mean/std, as Pool's docstring states them; one line naming `where`
+    and the fix otherwise (a channels-last pool would pass every other check and fail at the model)."""
+    splits = [(k, s) for k, s in (("x", pool.train), ("x_test", pool.test)) if s is not None]
+    for key, split in splits:
+        x, shape = split.x, tuple(split.x.shape)
+        if x.dtype != torch.uint8 and not x.is_floating_point():
+            raise ConfigError(f"{where}: {key} is {str(x.dtype).removeprefix('torch.')}; inputs are uint8 images "
+                              "[N, C, H, W] (normalised with the pool's mean/std) or floats (used as they are): "
+                              "cast pixel values to uint8, features to float32")
+        if x.dtype == torch.uint8 and x.dim() != 4:
+            fix = "x.unsqueeze(1) for grayscale [N, H, W]" if x.dim() == 3 else "store features as float32"
+            raise ConfigError(f"{where}: {key} holds uint8 of shape {shape}; uint8 inputs are images [N, C, H, W]: "
+                              f"{fix}")
+        if x.dim() == 4 and shape[-1] in (1, 3) and shape[1] not in (1, 3):
+            raise ConfigError(f"{where}: {key} of shape {shape} is channels-last [N, H, W, C]; images are channels-"
+                              f"first [N, C, H, W]: x.permute(0, 3, 1, 2).contiguous() gives "
+                              f"{(shape[0], shape[3], shape[1], shape[2])}")
+    if pool.test is not None and (pool.test.x.shape[1:] != pool.train.x.shape[1:]
+                                  or pool.test.x.dtype != pool.train.x.dtype):
+        raise ConfigError(f"{where}: x_test is {pool.test.x.dtype} {tuple(pool.test.x.shape[1:])} per sample, x "
+                          f"{pool.train.x.dtype} {tuple(pool.train.x.shape[1:])}; both splits need the same")
+    if pool.train.x.is_floating_point():
+        if pool.mean is not None or pool.std is not None:
+            raise ConfigError(f"{where}: mean/std are set for float inputs, which are used as they are; mean/std "
+                              "normalise uint8 images only: leave them None (or store uint8 images)")
+        return
+    channels = pool.train.x.shape[1]
+    if pool.mean is None or pool.std is None or len(pool.mean) != channels or len(pool.std) != channels:
+        raise ConfigError(f"{where}: mean={pool.mean} std={pool.std} for {channels}-channel images; give both with "
+                          f"{channels} values each, or neither (0.5 each)")
+
+
 def check_pool(pool: Pool, where: str) -> None:
     """Refuse data faults when the data is loaded, in one line naming `where` (the file or data.name): left in,
     they surface later as some method's failure (a NaN pixel trains silently, inf gives a non-finite loss,
     one class crashes the metrics, a label id of 10**9 sizes an evaluator's buffer by it)."""
+    check_layout(pool, where)
     K = pool.num_classes
     for xk, yk, split in (("x", "y", pool.train), ("x_test", "y_test", pool.test)):
         if split is None or not len(split):

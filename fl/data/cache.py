@@ -1,7 +1,8 @@
 """A loader's decoded images, written once to disk and then read into memory or memory-mapped (`data.cache`).
 
 Layout: <root>/<tag>/ holds images.u8 (every image of every split, uint8 C-order rows, the splits one after the
-other) and meta.json (the key, the shape, each split's rows and pixel range). <root> is the dataset's folder's
+other), rows.crc32 (each row's CRC-32, uint32 little-endian) and meta.json (the key, the shape, each split's rows and
+pixel range). <root> is the dataset's folder's
 .fl_cache/, or <data.cache_dir>/<dataset>/; the tag names the decode settings (e.g. 224px), so another image size is
 another cache, and the key fingerprints the source files and labels, so a changed source rebuilds the cache in place.
 
@@ -9,12 +10,18 @@ The build writes <tag>.partial/ part by part (a part: a few dozen MiB of rows, o
 each part how many are on disk; a build that is killed resumes at the next part, and a finished one is renamed into
 place, so a half-built cache is never read. One process builds at a time (a lock file beside it), the others wait and
 then read what it built.
+
+A cache is trusted only whole: a missing or short file, another format or key is rebuilt; bytes changed in place
+(the size kept) are found by the rows' checksums, all of them when the cache is read into memory (it is then rebuilt)
+and each row on its first read when it is memory-mapped (the run stops there, naming the image, and the cache is set
+aside, so the next start rebuilds it). bench/README.md gives what the checks cost.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import math
 import os
@@ -31,11 +38,11 @@ from torch import Tensor
 from tqdm import tqdm
 
 from fl.config import ConfigError
-from fl.core.mapped_images import ImageMap, MappedImages
+from fl.core.mapped_images import ImageMap, MappedImages, row_checksums
 
-FORMAT = 1  # of images.u8 + meta.json; a cache written in another format is rebuilt
+FORMAT = 2  # of images.u8 + rows.crc32 + meta.json (1: without the checksums); another format is rebuilt
 PART_BYTES = 64 << 20
-IMAGES, META, PROGRESS = "images.u8", "meta.json", "progress.json"
+IMAGES, CHECKSUMS, META, PROGRESS = "images.u8", "rows.crc32", "meta.json", "progress.json"
 # the datasets whose loaders go through the cache (the others read small array files into memory)
 MAPPED = ("tinyimagenet", "domainnet", "office_caltech10", "pacs", "iwildcam", "embedded", "embedded_domains")
 
@@ -89,7 +96,13 @@ def cached_images(d: DictConfig, *, dataset: str, folder: Path, tag: str, key: s
     mode, why = mode or cache_mode(d, total * row_bytes, dataset)
     root = Path(d.cache_dir) / dataset if d.cache_dir else Path(folder) / ".fl_cache"
     target = root / tag
-    meta = _read_meta(target, key, total * row_bytes)
+    meta = _read_meta(target, key, total, row_bytes)
+    opened = None if meta is None else _open(target, meta, (total,) + shape, mode)
+    if isinstance(opened, int):  # read into memory, and a row's bytes do not match its checksum
+        print(f"data: the {dataset} image cache {target} is damaged (image {opened} does not match its checksum); "
+              "rebuilding it", file=sys.stderr)
+        set_aside(target)
+        meta = None
     if meta is None:
         try:
             meta = build(root, tag, key, counts, shape, parts, fill, dataset)
@@ -103,29 +116,50 @@ def cached_images(d: DictConfig, *, dataset: str, folder: Path, tag: str, key: s
             x = torch.cat([torch.as_tensor(fill(i)) for i in range(len(parts))]) if parts else \
                 torch.empty((0,) + shape, dtype=torch.uint8)
             return dict(zip(counts, x.split(list(counts.values()))))
+        opened = _open(target, meta, (total,) + shape, mode)
+        if isinstance(opened, int):  # damaged again as soon as written: a disk that does not keep what it is given
+            raise ConfigError(f"data: the {dataset} image cache {target} was just written and image {opened} does "
+                              "not read back as written; check the disk, or set data.cache_dir to another one")
     if mode == "mmap":
         print(f"data: {dataset}: {gib(total * row_bytes)} of images memory-mapped from {target / IMAGES} ({why})",
               file=sys.stderr)
-    return _open(target, meta, (total,) + shape, mode)
+    return opened
 
 
-def _read_meta(target: Path, key: str, nbytes: int) -> dict | None:
-    """The complete cache's meta.json when it holds `key` and all its bytes; else None (it is then rebuilt)."""
+def _read_meta(target: Path, key: str, rows: int, row_bytes: int) -> dict | None:
+    """The complete cache's meta.json when it holds `key` and all its bytes and checksums; else None (it is then
+    rebuilt)."""
     try:
         meta = json.loads((target / META).read_text())
-        if meta.get("format") == FORMAT and meta.get("key") == key and (target / IMAGES).stat().st_size == nbytes:
+        if (meta.get("format") == FORMAT and meta.get("key") == key
+                and (target / IMAGES).stat().st_size == rows * row_bytes
+                and (target / CHECKSUMS).stat().st_size == rows * 4):
             return meta
     except (OSError, ValueError):
         pass
     return None
 
 
-def _open(target: Path, meta: dict, shape: tuple[int, ...], mode: str) -> dict[str, Tensor | MappedImages]:
+def set_aside(target: Path, row: int | None = None) -> str:
+    """Mark the cache in `target` damaged: without its meta.json the next load rebuilds it (a process that maps it
+    now keeps reading the old file). Returns what a damage message adds (ImageMap's on_damage)."""
+    with contextlib.suppress(OSError):
+        (target / META).unlink()
+    return f"the cache {target} is set aside and rebuilt when the data is next loaded"
+
+
+def _open(target: Path, meta: dict, shape: tuple[int, ...], mode: str) -> dict[str, Tensor | MappedImages] | int:
+    """Each split's images, in memory (every row checked against its checksum: the first damaged row's index is
+    returned instead) or memory-mapped (each row checked on its first read)."""
     splits = meta["splits"]
+    checksums = np.fromfile(target / CHECKSUMS, dtype="<u4").astype(np.uint32, copy=False)
     if mode == "memory":
         x = torch.from_numpy(np.fromfile(target / IMAGES, dtype=np.uint8)).view(shape)
+        bad = np.flatnonzero(row_checksums(x.numpy()) != checksums)
+        if len(bad):
+            return int(bad[0])
         return {name: x[s["rows"][0]:s["rows"][1]] for name, s in splits.items()}
-    source = ImageMap(target / IMAGES, shape)
+    source = ImageMap(target / IMAGES, shape, checksums=checksums, on_damage=functools.partial(set_aside, target))
     return {name: MappedImages(source, torch.arange(*s["rows"]), (s["min"], s["max"])) for name, s in splits.items()}
 
 
@@ -153,15 +187,16 @@ def build(root: Path, tag: str, key: str, counts: dict[str, int], shape: tuple[i
     target, partial = root / tag, root / f"{tag}.partial"
     row_bytes, total = math.prod(shape), sum(counts.values())
     with _locked(root / f"{tag}.lock", partial):
-        meta = _read_meta(target, key, total * row_bytes)
+        meta = _read_meta(target, key, total, row_bytes)
         if meta is not None:  # another process built it while this one waited
             return meta
         progress = _progress(partial, key)
         if progress is None:
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir()
-            with open(partial / IMAGES, "wb") as f:
-                f.truncate(total * row_bytes)
+            for name, size in ((IMAGES, total * row_bytes), (CHECKSUMS, total * 4)):
+                with open(partial / name, "wb") as f:
+                    f.truncate(size)
             progress = {"key": key, "parts_done": 0, "extrema": []}
             _write_json(partial / PROGRESS, progress)
         done = progress["parts_done"]
@@ -174,16 +209,18 @@ def build(root: Path, tag: str, key: str, counts: dict[str, int], shape: tuple[i
               f"{resumed})", file=sys.stderr, flush=True)
         began = time.perf_counter()
         try:
-            with open(partial / IMAGES, "r+b") as f, tqdm(total=total, initial=starts[done], unit="img",
-                                                          desc=f"{dataset} cache", disable=not sys.stderr.isatty(),
-                                                          file=sys.stderr) as bar:
+            with open(partial / IMAGES, "r+b") as f, open(partial / CHECKSUMS, "r+b") as sums, \
+                    tqdm(total=total, initial=starts[done], unit="img", desc=f"{dataset} cache",
+                         disable=not sys.stderr.isatty(), file=sys.stderr) as bar:
                 for i in range(done, len(parts)):
                     x = np.ascontiguousarray(torch.as_tensor(fill(i)).numpy())
                     if x.dtype != np.uint8 or x.shape != (parts[i], *shape):
                         raise ValueError(f"part {i} of the {dataset} image cache is {x.dtype} {x.shape}, not uint8 "
                                          f"{(parts[i], *shape)}")
                     _pwrite_all(f.fileno(), memoryview(x).cast("B"), starts[i] * row_bytes)
+                    _pwrite_all(sums.fileno(), memoryview(row_checksums(x).astype("<u4")).cast("B"), starts[i] * 4)
                     os.fdatasync(f.fileno())  # the bytes are on disk before the progress says so
+                    os.fdatasync(sums.fileno())
                     progress["extrema"].append([int(x.min()), int(x.max())] if x.size else [255, 0])
                     progress["parts_done"] = i + 1
                     _write_json(partial / PROGRESS, progress)
@@ -217,7 +254,8 @@ def _progress(partial: Path, key: str) -> dict | None:
     """The saved progress of an interrupted build of `key`, or None (start afresh)."""
     try:
         progress = json.loads((partial / PROGRESS).read_text())
-        return progress if progress.get("key") == key and (partial / IMAGES).is_file() else None
+        whole = (partial / IMAGES).is_file() and (partial / CHECKSUMS).is_file()  # a format-1 build has no checksums
+        return progress if progress.get("key") == key and whole else None
     except (OSError, ValueError):
         return None
 

@@ -32,6 +32,7 @@ from torch.func import functional_call
 
 from fl.config import ConfigError, MethodConfig, param
 from fl.core import ClientModule, Server, build_optimizer, register_method
+from fl.core.metric_directions import LOWER, NEITHER
 
 
 @dataclass
@@ -46,6 +47,7 @@ class APFLConfig(MethodConfig):
 
 
 class APFLClient(ClientModule):
+    metric_directions = {"ce": LOWER, "mixed_ce": LOWER, "alpha": NEITHER}  # alpha_i: a mixing weight
     persistent = ("alpha",)  # alpha_i, per client
 
     def __init__(self, cfg, data):

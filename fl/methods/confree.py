@@ -55,6 +55,7 @@ from torch import Tensor
 from fl.config import param
 from fl.core import ClientModule, Server, Upload, register_method
 from fl.core.aggregation import Uploads
+from fl.core.metric_directions import NEITHER
 from fl.methods.fedrep import FedRepClient, FedRepConfig
 from fl.methods.fedrep import resolve as fedrep_resolve
 from fl.methods.simplex_qp import SOLVERS, solve_simplex
@@ -195,6 +196,7 @@ def aggregate(theta: dict[str, Tensor], clients: list[dict[str, Tensor]], weight
 
 
 class ConFREEServer(Server):
+    metric_directions = {"server/conflicts": NEITHER, "server/update_norm": NEITHER, "server/worst_cos": NEITHER}
     needs_every_upload = True  # Algorithm 1, lines 8-14 use every client's update
 
     def setup(self, module: ClientModule, data) -> None:

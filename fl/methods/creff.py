@@ -60,6 +60,7 @@ from torch import Tensor, nn
 
 from fl.config import ConfigError, MethodConfig, param
 from fl.core import HEAD, ClientModule, Server, Upload, batch_indices, generator, register_method
+from fl.core.metric_directions import LOWER, NEITHER
 
 WEIGHT, BIAS = HEAD + "weight", HEAD + "bias"
 EPS = 1e-6  # added to the product of the norms in the matching distance (the authors' code)
@@ -236,6 +237,9 @@ class CReFFClient(ClientModule):
 
 # ---- server ----------------------------------------------------------------------------------------------------------
 class CReFFServer(Server):
+    metric_directions = {"server/matched_classes": NEITHER, "server/crt_loss": LOWER, "server/match_loss_first": LOWER,
+                         "server/match_loss_last": LOWER}
+
     def setup(self, module: ClientModule, data) -> None:
         super().setup(module, data)
         W = self.global_params[WEIGHT]

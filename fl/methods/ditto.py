@@ -30,6 +30,7 @@ from torch import Tensor
 
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, register_method
+from fl.core.metric_directions import LOWER
 
 
 @dataclass
@@ -40,6 +41,8 @@ class DittoConfig(MethodConfig):
 
 
 class DittoClient(ClientModule):
+    metric_directions = {"ce": LOWER, "personal_ce": LOWER, "prox": LOWER}
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
         self.personal = copy.deepcopy(self.model)  # v_k; starts from w^0 like the global model

@@ -62,6 +62,7 @@ from fl.core import (
     register_method,
     seed_torch,
 )
+from fl.core.metric_directions import NEITHER
 from fl.methods.fedsam import frozen_running_stats
 
 
@@ -124,6 +125,7 @@ def converged(losses: list[float], window: int, threshold: float) -> bool:
 
 # ---- the client ----------------------------------------------------------------------------------------------------
 class FedALAClient(ClientModule):
+    metric_directions = {"ala_passes": NEITHER, "w_mean": NEITHER}  # the weight learning: diagnostics
     persistent = ("W", "start_phase")
 
     def __init__(self, cfg, data):

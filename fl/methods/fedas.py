@@ -56,6 +56,7 @@ from torch.func import functional_call, grad, vmap
 from fl.config import ConfigError, MethodConfig, param
 from fl.core import HEAD, ClientModule, Server, TrainingFault, Upload, build_optimizer, register_method
 from fl.core.label_sums import class_sums
+from fl.core.metric_directions import LOWER, NEITHER
 
 
 @dataclass
@@ -98,6 +99,7 @@ def alignment_loss(features: Tensor, y: Tensor, previous: Optional[Tensor] = Non
 
 
 class FedASClient(ClientModule):
+    metric_directions = {"ce": LOWER, "align_mse": LOWER}
     has_global_model = False  # the shared body has no head of its own
     needs_backbone = True  # the alignment trains the body on its features
     persistent = ("previous",)  # the body of the client's last local model (the alignment's reference)
@@ -241,6 +243,7 @@ def per_sample_sq_grad_norms(model: nn.Module, named: dict[str, Tensor], x: Tens
 
 class FedASServer(Server):
     """Client synchronization: the mean the server receives is weighted by `weight` (tr(F_i), or n_i)."""
+    metric_directions = {"server/fisher_min": NEITHER, "server/fisher_max": NEITHER, "server/alpha_max": NEITHER}
 
     def __init__(self, cfg):
         super().__init__(cfg)

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, float32_island, register_method
+from fl.core.metric_directions import LOWER
 
 EPS = 1e-8
 
@@ -62,6 +63,7 @@ def decorr_loss(features: Tensor, form: str = "paper") -> Tensor:
 
 
 class FedDecorrClient(ClientModule):
+    metric_directions = {"ce": LOWER, "decorr": LOWER}
     needs_backbone = True  # the penalty acts on the backbone's representation
 
     def training_step(self, batch, batch_idx):

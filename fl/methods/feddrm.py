@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from fl.config import MethodConfig, param
 from fl.core import HEAD, ClientModule, Server, float32_island, register_method
+from fl.core.metric_directions import LOWER
 
 ROUTING_RULES = ("posterior", "density_ratio")
 
@@ -99,6 +100,7 @@ def route_scores(client_logits: Tensor, log_prior: Tensor, rule: str) -> Tensor:
 
 
 class FedDRMClient(ClientModule):
+    metric_directions = {"ce_target": LOWER, "ce_client": LOWER}
     has_global_model = False  # the shared part has no target head of its own; the router is evaluated instead
 
     def __init__(self, cfg, data):

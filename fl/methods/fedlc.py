@@ -24,6 +24,7 @@ from torch import Tensor
 
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, register_method
+from fl.core.metric_directions import LOWER
 
 
 @dataclass
@@ -47,6 +48,8 @@ def calibrated_loss(logits: Tensor, y: Tensor, counts: Tensor, tau: float) -> Te
 
 
 class FedLCClient(ClientModule):
+    metric_directions = {"ce": LOWER}  # the uncalibrated cross-entropy
+
     def on_local_train_start(self) -> None:
         train = self.train_split(self.data, self.cid)
         device = next(self.parameters()).device

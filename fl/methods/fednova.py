@@ -35,6 +35,7 @@ from torch import Tensor
 
 from fl.config import ConfigError, MethodConfig
 from fl.core import ClientModule, Server, Upload, register_method
+from fl.core.metric_directions import NEITHER
 
 
 @dataclass
@@ -82,6 +83,8 @@ class FedNovaClient(ClientModule):
 
 
 class FedNovaServer(Server):
+    metric_directions = {"server/tau_eff": NEITHER, "server/tau_min": NEITHER, "server/tau_max": NEITHER}
+
     def setup(self, module: ClientModule, data) -> None:
         super().setup(module, data)
         self.normalised = set(normalised_keys(module)) & set(self.global_params)

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, register_method
+from fl.core.metric_directions import LOWER
 
 
 @dataclass
@@ -58,6 +59,8 @@ def ntd_loss(local_logits: Tensor, global_logits: Tensor, y: Tensor, tau: float)
 
 
 class FedNTDClient(ClientModule):
+    metric_directions = {"ce": LOWER, "ntd": LOWER}
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
         self._set_global(None)

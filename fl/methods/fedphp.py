@@ -31,6 +31,7 @@ from torch import Tensor
 
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, build_optimizer, register_method
+from fl.core.metric_directions import LOWER
 
 
 @dataclass
@@ -63,6 +64,7 @@ def hpm_weight(mu: float, visits: int, participation: float, rounds: int) -> flo
 
 
 class FedPHPClient(ClientModule):
+    metric_directions = {"ce": LOWER, "transfer": LOWER}
     persistent = ("visits",)  # n_k, the rounds the client took part in
 
     def __init__(self, cfg, data):

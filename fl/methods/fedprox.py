@@ -6,6 +6,7 @@ import torch
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, register_method
 from fl.core.client import cross_entropy
+from fl.core.metric_directions import LOWER
 
 
 @dataclass
@@ -16,6 +17,7 @@ class FedProxConfig(MethodConfig):
 
 
 class FedProxClient(ClientModule):
+    metric_directions = {"ce": LOWER, "prox": LOWER}
     functional = True  # trainer.parallel_clients differentiates the same client_loss, vmapped over clients
 
     def __init__(self, cfg, data):

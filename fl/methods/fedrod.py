@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from fl.config import MethodConfig
 from fl.core import ClientModule, Server, float32_island, register_method
+from fl.core.metric_directions import LOWER
 
 
 @dataclass
@@ -41,6 +42,8 @@ def balanced_softmax_loss(logits: Tensor, y: Tensor, counts: Tensor) -> Tensor:
 
 
 class FedRoDClient(ClientModule):
+    metric_directions = {"bsm": LOWER, "personal": LOWER}
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
         self.phead = nn.Linear(self.model.feature_dim, data.num_classes)

@@ -33,6 +33,7 @@ from torch import nn
 
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, register_method
+from fl.core.metric_directions import LOWER
 
 
 @dataclass
@@ -79,6 +80,8 @@ def sam_perturbation(params: list[torch.nn.Parameter], rho: float) -> list[torch
 
 
 class FedSAMClient(ClientModule):
+    metric_directions = {"sam_loss": LOWER}
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
         self.automatic_optimization = False

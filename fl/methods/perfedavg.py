@@ -37,6 +37,7 @@ from torch.func import functional_call
 
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, float32_island, generator, loss_scaler, register_method
+from fl.core.metric_directions import LOWER
 
 
 @dataclass
@@ -69,6 +70,8 @@ def hessian_vector_fd(module, params: dict[str, Tensor], v: dict[str, Tensor], x
 
 
 class PerFedAvgClient(ClientModule):
+    metric_directions = {"ce": LOWER}
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
         self.automatic_optimization = False

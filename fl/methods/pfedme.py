@@ -36,6 +36,7 @@ from torch import Tensor
 
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, build_optimizer, float32_island, loss_scaler, register_method
+from fl.core.metric_directions import NEITHER
 
 
 @dataclass
@@ -68,6 +69,8 @@ def solve_inner(theta: list[Tensor], w: list[Tensor], loss_fn: Callable[[], Tens
 
 
 class PFedMeClient(ClientModule):
+    metric_directions = {"inner_grad_norm": NEITHER}  # how far the inner solve got: a diagnostic
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
         self.automatic_optimization = False

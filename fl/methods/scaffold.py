@@ -40,6 +40,7 @@ from torch import Tensor
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, Upload, loss_scaler, register_method
 from fl.core.client import cross_entropy
+from fl.core.metric_directions import LOWER
 
 
 @dataclass
@@ -59,6 +60,7 @@ def controlled_keys(module: ClientModule) -> list[str]:
 
 
 class ScaffoldClient(ClientModule):
+    metric_directions = {"objective": LOWER}
     persistent = ("c_i",)  # this client's control variate; empty (= 0) until its first round
     functional = True  # trainer.parallel_clients: the corrected step as the gradient of an objective
 

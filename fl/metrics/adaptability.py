@@ -35,6 +35,7 @@ from torch import Tensor
 from fl.config import param
 from fl.core import EvalContext, Evaluator, register_evaluator
 from fl.core.label_sums import class_sums, label_counts
+from fl.core.metric_directions import HIGHER, LOWER, NEITHER, Directions
 
 KL_REDUCTIONS = ("mean_present", "sum", "batchmean_C")
 
@@ -123,6 +124,9 @@ class Adaptability(Evaluator):
 
     name = "adaptability"
     Settings = AdaptabilitySettings
+    # the risk is an error rate; KL(P || Q) to the template, lower as FedACD's l2 drives it; the absent classes' mass
+    # is a diagnostic of the data, neither way better
+    metric_directions = {"test/adaptability": LOWER, "test/kl_PQ": LOWER, "test/absent_mass": NEITHER}
 
     def __init__(self, settings):
         super().__init__(settings)
@@ -183,6 +187,11 @@ class GlobalAccuracy(Evaluator):
 
     name = "global_acc"
     on_validation = True
+    metric_directions = {"test/acc_global_balanced": HIGHER, "test/acc_global_client_dist": HIGHER}
+
+    @classmethod
+    def logged_directions(cls, cfg, client_cls: type) -> Directions:
+        return super().logged_directions(cfg, client_cls) if client_cls.has_global_model else {}
 
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
         from fl.core import GroupedAccuracy  # a torchmetrics Metric: loads with the first evaluation

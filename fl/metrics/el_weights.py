@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from fl.core import EvalContext, Evaluator, register_evaluator
+from fl.core.metric_directions import LOWER, NEITHER, Directions
 from fl.metrics.system import has_router
 
 
@@ -31,6 +32,13 @@ def el_log_weights(client_logits: Tensor) -> Tensor:
 @register_evaluator
 class ELWeights(Evaluator):
     name = "el_weights"
+    # the weights' spread is a diagnostic; the gap is the fitted marginals' distance from the paper's constraint (5)
+    metric_directions = {"server/el_weight_ess_frac": NEITHER, "server/el_weight_max_ratio": NEITHER,
+                         "server/el_marginal_gap": LOWER}
+
+    @classmethod
+    def logged_directions(cls, cfg, client_cls: type) -> Directions:
+        return super().logged_directions(cfg, client_cls) if has_router(client_cls) else {}
 
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
         m, fabric, data = ctx.module, ctx.fabric, ctx.data

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from fl.core import ClientModule, EvalContext, Evaluator, register_evaluator
+from fl.core.metric_directions import HIGHER, Directions
 
 
 def majority_vote(votes: Tensor) -> Tensor:
@@ -33,12 +34,21 @@ def majority_vote(votes: Tensor) -> Tensor:
     return votes.argmax(dim=1)
 
 
-def _overrides(module: ClientModule, name: str) -> bool:
-    return getattr(type(module), name) is not getattr(ClientModule, name)
+def _overrides(module: ClientModule | type, name: str) -> bool:
+    cls = module if isinstance(module, type) else type(module)
+    return getattr(cls, name) is not getattr(ClientModule, name)
 
 
-def has_router(module: ClientModule) -> bool:
+def has_router(module: ClientModule | type) -> bool:
     return _overrides(module, "route_scores")
+
+
+def may_have_client_models(cfg, client_cls: type) -> bool:
+    """has_client_models as far as the config and the class say, before a module exists: fine-tuning rounds
+    (finetune.after_round) give every client its own model; private parameters are possible where the class
+    overrides is_private (FedBN's on a model without BatchNorm has none: it then logs nothing, as evaluate says)."""
+    return (cfg.finetune.after_round is not None or not client_cls.has_global_model or has_router(client_cls)
+            or _overrides(client_cls, "personalize") or _overrides(client_cls, "is_private"))
 
 
 def has_client_models(module: ClientModule) -> bool:
@@ -55,6 +65,16 @@ def _reduce(fabric, t: Tensor) -> Tensor:
 class SystemAccuracy(Evaluator):
     name = "system"
     on_validation = True
+    ROUTING = dict.fromkeys(("test/routing_acc", "test/routing_acc_micro", "test/routing_acc_rule",
+                             "test/routing_acc_rule_micro"), HIGHER)
+    metric_directions = {"test/system_acc": HIGHER, "test/system_acc_oracle": HIGHER, **ROUTING}
+
+    @classmethod
+    def logged_directions(cls, cfg, client_cls: type) -> Directions:
+        if not may_have_client_models(cfg, client_cls):
+            return {}
+        logs = super().logged_directions(cfg, client_cls)
+        return logs if has_router(client_cls) else {k: v for k, v in logs.items() if k not in cls.ROUTING}
 
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
         m, fabric, data = ctx.module, ctx.fabric, ctx.data

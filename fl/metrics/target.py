@@ -7,11 +7,18 @@ from __future__ import annotations
 import torch
 
 from fl.core import EvalContext, Evaluator, register_evaluator
+from fl.core.metric_directions import HIGHER, Directions
 
 
 @register_evaluator
 class TargetAccuracy(Evaluator):
     name = "target"
+    metric_directions = {"val/target_acc": HIGHER, "test/target_acc": HIGHER, "test/target_f1": HIGHER}
+
+    @classmethod
+    def logged_directions(cls, cfg, client_cls: type) -> Directions:
+        targeted = cfg.data.target.distribution is not None or cfg.data.target.domain is not None
+        return super().logged_directions(cfg, client_cls) if targeted and client_cls.has_global_model else {}
 
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
         from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score  # loads with the run

@@ -9,7 +9,7 @@ from typing import Any, Optional
 from fl.report.groups import method_name
 from fl.report.marks import DIVERGED, TEX_MARKS, diverged_facts, footnotes, repeat_facts, row_marks
 from fl.report.runs import Run
-from fl.report.summary import higher_is_better, is_percent
+from fl.report.summary import direction, guessed_direction, is_percent
 
 DEFAULT_METRIC = "test/acc_mean_clients"
 
@@ -47,8 +47,9 @@ def table_rows(groups: dict, metrics: list[str]) -> list[dict]:
         headline = runs[0].headline or heads[setting][0]
         row = {"setting": setting, "method": method, "seeds": [r.seed for r in runs], "headline": headline,
                "last_k": sorted({r.summary.get("last_k") for r in runs}), "cells": {},
-               "repeats": repeat_facts(runs), "diverged": diverged_facts(runs)}
+               "repeats": repeat_facts(runs), "diverged": diverged_facts(runs), "directions": {}}
         for metric in dict.fromkeys([headline] + metrics):
+            row["directions"][metric] = runs_direction(runs, metric)
             row["cells"][metric] = {
                 "final": mean_std([r.summary.get("final", {}).get(metric) for r in runs]),
                 "last": mean_std([r.last(metric) for r in runs]),
@@ -58,11 +59,18 @@ def table_rows(groups: dict, metrics: list[str]) -> list[dict]:
     return rows
 
 
+def runs_direction(runs: list[Run], metric: str) -> Optional[str]:
+    """'max', 'min' or None for `metric`, as the runs' summaries record it (the first run that has it)."""
+    return next((direction(r.summary, metric) for r in runs if metric in r.summary.get("final", {})),
+                guessed_direction(metric) if not any("directions" in r.summary for r in runs) else None)
+
+
 def model_selection(groups: dict, val: str = "val/target_acc") -> list[dict]:
     """The papers' model selection over a hyperparameter grid (FedPALS' lambda): for each (setting, method) and
-    seed, the variant whose best validation value (`val`) is highest, and its test metrics at that round
-    (summary.json's at_best_val); mean ± std over seeds. Only methods run with several variants that log `val`.
-    Runs that diverged are not candidates (the row's `diverged` names them)."""
+    seed, the variant whose best validation value (`val`) is best (highest, or lowest for a metric declared lower
+    is better), and its test metrics at that round (summary.json's at_best_val); mean ± std over seeds. Only methods
+    run with several variants that log `val`. Runs that diverged are not candidates (the row's `diverged` names
+    them)."""
     by: dict[tuple[str, str], dict[Any, list[Run]]] = {}
     left_out: dict[tuple[str, str], list[Run]] = {}
     for (setting, _), runs in groups.items():
@@ -77,10 +85,13 @@ def model_selection(groups: dict, val: str = "val/target_acc") -> list[dict]:
     for (setting, name), seeds in by.items():
         if len({r.method for rs in seeds.values() for r in rs}) < 2:
             continue
-        chosen = {seed: max(rs, key=lambda r: r.summary["best"][val]) for seed, rs in seeds.items()}
+        pick = min if runs_direction([r for rs in seeds.values() for r in rs], val) == "min" else max
+        chosen = {seed: pick(rs, key=lambda r: r.summary["best"][val]) for seed, rs in seeds.items()}
         at = {seed: _at_best(r, val) for seed, r in chosen.items()}
         keys = sorted({k for a in at.values() for k in a if k.startswith("test/")})
+        runs = list(chosen.values())
         rows.append({"setting": setting, "method": name, "seeds": sorted(chosen, key=str), "val": val,
+                     "directions": {k: runs_direction(runs, k) for k in keys},
                      "chosen": [chosen[seed].method for seed in sorted(chosen, key=str)],
                      "cells": {k: mean_std([a.get(k) for a in at.values()]) for k in keys},
                      "repeats": repeat_facts([r for rs in seeds.values() for r in rs]),
@@ -158,16 +169,18 @@ def compared_rows(rows: list[dict]) -> list[list[int]]:
 
 
 def bold_cells(rows: list[dict], cols: list[tuple[str, Optional[str]]]) -> set[tuple[int, str, Optional[str]]]:
-    """(row index, metric, statistic) of each column's best mean, by the metric's goal (higher is better but for
-    losses, std, KL and adaptability). Compared as shown, so equal-looking values are all bold; a column whose
-    values all look the same has none."""
+    """(row index, metric, statistic) of each column's best mean, by the direction the runs declared for the metric
+    (summary.json's directions; a metric declared neither way better has none). Compared as shown, so equal-looking
+    values are all bold; a column whose values all look the same has none."""
     best = set()
     for metric, stat in cols:
         scale, digits = _scale(metric)
         for block in compared_rows(rows):
+            goal = next((rows[i]["directions"][metric] for i in block if metric in rows[i].get("directions", {})),
+                        guessed_direction(metric))
             shown = {i: round(c[0] * scale, digits) for i in block if (c := cell_stat(rows[i], metric, stat))}
-            if len(set(shown.values())) > 1:
-                top = (max if higher_is_better(metric) else min)(shown.values())
+            if goal is not None and len(set(shown.values())) > 1:
+                top = (max if goal == "max" else min)(shown.values())
                 best |= {(i, metric, stat) for i, v in shown.items() if v == top}
     return best
 

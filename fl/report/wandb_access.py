@@ -143,7 +143,9 @@ def load_wandb(project: str, filters: Optional[dict] = None, api: Any = None) ->
                                              and isinstance(v, (int, float)) and not isinstance(v, bool)}))
             history = [rows[k] for k in sorted(rows)]
             remote_summary = dict(r.summary)
-            summary = {**summarize_history(history, int(config.get("trainer.last_k", 5))),
+            directions = remote_summary.get("directions")  # logged by fl.train at the end of the run
+            directions = current_names(dict(directions)) if hasattr(directions, "keys") else None
+            summary = {**summarize_history(history, int(config.get("trainer.last_k", 5)), directions),
                        "headline": _headline(remote_summary.get("headline"))}
             diverged = remote_summary.get("diverged")  # a nested W&B summary value is a mapping, not a dict
             if diverged is not None:

@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional
 from fl.report.groups import drop_repeats
 from fl.report.marks import DIVERGED
 from fl.report.runs import Run
-from fl.report.summary import higher_is_better
+from fl.report.summary import direction
 from fl.report.tables import mean_std
 
 CLIENT_GROUP = re.compile(r"^clients\[(new|original)\]/(.+)$")
@@ -82,7 +82,7 @@ def _selection_score(run: Run, select: str) -> float:
     best = run.summary.get("best", {}).get(select)
     if best is None:
         return float("-inf")
-    return best if higher_is_better(select) else -best
+    return -best if direction(run.summary, select) == "min" else best
 
 
 def make_cell(runs: list[Run], metric: str, stat: str, select: Optional[str], factor: float) -> Cell:

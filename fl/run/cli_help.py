@@ -8,6 +8,7 @@ from fl.config import CONF_DIR, available_confs, choices_msg
 from fl.config.blocks import plugin_choices
 from fl.config.errors import ConfigError
 from fl.core import registry
+from fl.core.metric_directions import declared, describe
 
 USAGE = """usage: python -m fl.train [conf=NAME] [key=value ...] [resume=RUN_DIR]
        python -m fl.train --list KIND [plugins=[...]]  (KIND: methods, configs, datasets, partitions,
@@ -124,10 +125,16 @@ def method_help(name: str, values=None) -> str:
     if name not in registry.METHODS:
         raise ConfigError(choices_msg("method.name", name, registry.METHODS))
     spec = registry.METHODS[name]
+    own = settings_lines("method", spec.config_cls, values)
     lines = [f"method.name={name}: {method_description(spec)}",
              f"headline metric: {spec.headline or 'test/acc_mean_clients'}"]
     if spec.needs:
         lines.append(f"needs: {' '.join(spec.needs)} (or other values of these keys)")
-    lines += ["", "hyperparameters:"]
-    lines += settings_lines("method", spec.config_cls, values)
+    lines += ["", "hyperparameters:" if own else "hyperparameters: none of its own (it trains with the keys every "
+              "method takes: optim.*, trainer.*, server.*; python -m fl.train --help)", *own]
+    logged = {**{f"train/{k}": d for k, d in declared(spec.client_cls).items() if k != "loss"},
+              **declared(spec.server_cls)}
+    lines += ["", "metrics of its own (beside every method's test/*, train/loss, time/ and comm/):" if logged else
+              "metrics of its own: none (it logs every method's test/*, train/loss, time/ and comm/)"]
+    lines += [f"  {k}  ({describe(d)})" for k, d in logged.items()]
     return "\n".join(lines)

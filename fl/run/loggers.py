@@ -16,6 +16,8 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from fl.core import METHODS
+from fl.core.metric_directions import directions_of
+from fl.core.run_metrics import run_directions
 from fl.report.groups import group_runs
 from fl.report.plots import all_figures
 from fl.report.runs import Run, flatten
@@ -112,6 +114,7 @@ def wandb_logger_cls():
             self._cfg, self._run_dir = cfg, Path(run_dir)
             self._last_k = int(cfg.trainer.last_k)
             self._evals: Optional[list[dict]] = None  # evaluation rows so far (rebuilt from metrics.jsonl on resume)
+            self._directions: Optional[dict] = None  # the run's declared metric directions, read with the first
             self._mode = self._init.get("mode")
             self._resume_round = resume_round
             self._last = -1  # the last round W&B has; set when the run starts
@@ -202,7 +205,9 @@ def wandb_logger_cls():
                 self._evals = [r for r in _read_jsonl(self._run_dir / "metrics.jsonl")
                                if r.get("round", -1) < step and any(k.startswith(EVAL_PREFIXES) for k in r)]
             self._evals.append({"round": step, **metrics})
-            return running_summaries(self._evals, self._last_k)
+            if self._directions is None:
+                self._directions = run_directions(self._cfg)
+            return running_summaries(self._evals, self._last_k, self._directions)
 
         @rank_zero_only
         def log_histogram(self, key: str, values: list[float], step: int) -> None:
@@ -251,11 +256,12 @@ def define_dashboard_metrics(run, last_k: int) -> None:
         run.define_metric(pattern, step_metric="round", hidden=True)
 
 
-def running_summaries(evals: list[dict], last_k: int) -> dict[str, float]:
-    """best/<key> and last<K>/<key> of every test/ and val/ scalar over the evaluation rows so far; the
-    same rules as summary.json (fl.report.summary), so the final W&B values equal the file's."""
+def running_summaries(evals: list[dict], last_k: int, directions: dict) -> dict[str, float]:
+    """best/<key> and last<K>/<key> of every test/ and val/ scalar over the evaluation rows so far (best/<key> of those
+    declared better one way: `directions`, fl/core/metric_directions.py); the same rules as summary.json
+    (fl.report.summary), so the final W&B values equal the file's."""
     rows = [{k: v for k, v in r.items() if k == "round" or k.startswith(EVAL_PREFIXES)} for r in evals]
-    s = summarize_history(rows, last_k)
+    s = summarize_history(rows, last_k, directions_of({k for r in rows for k in r}, directions))
     out = {f"best/{k}": v for k, v in s["best"].items()}
     out.update({f"last{last_k}/{k}": v for k, v in s[f"mean_last_{last_k}"].items()})
     return out

@@ -5,6 +5,7 @@ console is the same row in the files."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Optional, TextIO
 
 from tqdm import tqdm
@@ -57,21 +58,31 @@ class RoundProgress:
             self.bar.close()
 
 
-def format_summary(summary: dict) -> str:
-    """metric | final | best (round, 0-based as in the files) | mean of last K: first the method's headline metric
-    (summary["headline"], else the mean client accuracy), the standard accuracies and the training loss; then,
-    under "diagnostics", the other test metrics and the round's time and communication."""
+def format_summary(summary: dict, own: Sequence[str] = ()) -> str:
+    """metric | final | best (round, 0-based as in the files) | mean of the last values: first the method's headline
+    metric (summary["headline"], else the mean client accuracy), the standard accuracies and the training loss; then,
+    under "diagnostics", the other test metrics, the method's own metrics and the evaluators' others (`own`:
+    fl/core/run_metrics.py's diagnostics), and the round's time and communication. Best is by each metric's declared
+    direction; a metric better neither way has none (—). The last column is labelled with how many values it
+    averages (trainer.last_k, or fewer when fewer were logged: `last 3` after 3 evaluations); when the rows average
+    different counts, a `k` column gives each row's."""
     final, last_key = summary["final"], f"mean_last_{summary['last_k']}"
+    counts = summary.get(f"count_last_{summary['last_k']}", {})  # absent in summaries written before it was kept
     first = summary.get("headline") or DEFAULT_METRIC
     tested = [k for k in final if k.startswith("test/")]
     main = [k for k in dict.fromkeys([first, *(k for k in tested if k in STANDARD_KEYS), "train/loss"]) if k in final]
-    diagnostics = [k for k in tested if k not in main]
+    diagnostics = list(dict.fromkeys([*(k for k in tested if k not in main), *(k for k in own if k in final)]))
     width = max([len(k) for k in main + diagnostics] + [6])
-    head = f"{'metric':<{width}}  {'final':>8}  {'best':>8}  {'@round':>6}  {'last ' + str(summary['last_k']):>8}"
+    shown = {counts.get(k, summary["last_k"]) for k in main + diagnostics}
+    label = f"last {shown.pop()}" if len(shown) == 1 else "last k"
+    head = f"{'metric':<{width}}  {'final':>8}  {'best':>8}  {'@round':>6}  {label:>8}" + (
+        "    k" if label == "last k" else "")
 
     def row(k: str) -> str:
-        return (f"{k:<{width}}  {final[k]:>8.4f}  {summary['best'][k]:>8.4f}  {summary['best_round'][k]:>6}  "
-                f"{summary[last_key][k]:>8.4f}")
+        best = (f"{summary['best'][k]:>8.4f}  {summary['best_round'][k]:>6}" if k in summary["best"] else
+                f"{'—':>8}  {'—':>6}")
+        return (f"{k:<{width}}  {final[k]:>8.4f}  {best}  {summary[last_key][k]:>8.4f}"
+                + (f"  {counts.get(k, summary['last_k']):>3}" if label == "last k" else ""))
 
     lines = [head, "-" * len(head), *map(row, main)]
     if "at_best_val" in summary:  # model selection on the target validation set
@@ -85,7 +96,8 @@ def format_summary(summary: dict) -> str:
     if diagnostics or per_round:
         lines += ["", "diagnostics", "-" * len(head), *map(row, diagnostics)]
     if per_round:
-        lines.append(f"per round (mean of the last {summary['last_k']} rounds): {', '.join(per_round)}")
+        n = counts.get(TIME_KEY, counts.get(COMM_KEYS[0], summary["last_k"]))
+        lines.append(f"per round (mean of the last {n} round{'s' if n != 1 else ''}): {', '.join(per_round)}")
     if "diverged" in summary:  # last: the numbers above are a diverged run's (warn) or end where it stopped (stop)
         d = summary["diverged"]
         lines.append(f"DIVERGED at client {d['client']}, round {d['round']}: {d['reason']}")

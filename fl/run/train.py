@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,9 @@ from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, Trainin
 from fl.core.callbacks import CallbackError, make_callbacks
 from fl.core.exchange import gather_objects
 from fl.core.loop import Diverged
+from fl.core.mapped_images import DamagedImages
+from fl.core.metric_directions import directions_of, lookup
+from fl.core.run_metrics import diagnostics, run_directions
 from fl.core.state import (
     CHECKPOINT_NAMES,
     StateDirInUse,
@@ -63,7 +67,16 @@ def _twin_hint(argv: list[str]) -> str:
 
 def check_model(cfg: DictConfig, data) -> None:
     """Build the model (pretrained weights included) and pass two training inputs through it before anything is
-    written, so a model that cannot take the data's inputs is a configuration error, not a traceback."""
+    written, so a model that cannot take the data's inputs is a configuration error, not a traceback. The warnings
+    torch gives on the way are shown only when the model works: for inputs too small for it, a zero-sized layer's
+    "Initializing zero-element tensors" would stand before the one-line error that says why."""
+    with warnings.catch_warnings(record=True) as caught:  # the filters in force decide what is recorded
+        _check_model(cfg, data)
+    for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+def _check_model(cfg: DictConfig, data) -> None:
     m = cfg.model
     try:
         model = build_model(cfg, data.input_shape, data.num_classes)
@@ -170,11 +183,19 @@ def restore_with_fallback(fabric: Fabric, cfg: DictConfig, orch, resume):
     return candidate[0], candidate[1], [*skipped, str(first)]
 
 
+def undeclared_metrics(cfg: DictConfig, history: list[dict]) -> list[str]:
+    """The summarised keys of `history` that nothing declared (fl/core/metric_directions.py): they get no best."""
+    declared = run_directions(cfg)
+    keys = dict.fromkeys(k for row in history for k in row if k != "round" and not k.startswith("client/"))
+    return [k for k in keys if not lookup(k, declared)[0]]
+
+
 def run_summary(cfg: DictConfig, data, run_dir: Path, history: list[dict], diverged, stopped) -> dict:
-    """summary.json's content: the history's summaries, what ran, `stopped` (round, reason; None when the run went to
-    its last round) and `diverged` (round, client, method, reason) when the run diverged (trainer.on_divergence),
-    absent when it did not."""
-    summary = summarize_history(history, cfg.trainer.last_k)
+    """summary.json's content: the history's summaries (best by each metric's declared direction), what ran,
+    `stopped` (round, reason; None when the run went to its last round) and `diverged` (round, client, method, reason)
+    when the run diverged (trainer.on_divergence), absent when it did not."""
+    keys = {k for row in history for k in row}
+    summary = summarize_history(history, cfg.trainer.last_k, directions_of(keys, run_directions(cfg)))
     summary.update({"method": cfg.method.name, "headline": METHODS[cfg.method.name].headline,
                     "dataset": cfg.data.name, "seed": int(cfg.seed), "rounds": int(cfg.trainer.rounds),
                     "stopped": stopped, "partition_fingerprint": data.fingerprint(), "run_dir": str(run_dir)})
@@ -335,6 +356,10 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
                 f" (to train on regardless: python -m fl.train resume={run_dir} trainer.on_divergence=warn)"
                 if isinstance(err, Diverged) and orch.ckpt_path.is_file() else "")
         return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1  # one message, not one per process
+    except DamagedImages as err:  # a memory-mapped cache changed in place since it was built (fl/data/cache.py)
+        kept = (f"the last good checkpoint is {orch.ckpt_path}: continue with python -m fl.train resume={run_dir}"
+                if orch.ckpt_path.is_file() else "no checkpoint was written yet: run the command again")
+        return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1
     except CallbackError as err:  # found at the first evaluation, e.g. an early-stopping metric the run lacks
         return _fail(f"{err} (run directory {run_dir})", 2) if fabric.is_global_zero else 2
     except (Interrupted, KeyboardInterrupt) as err:
@@ -352,10 +377,16 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
         if wandb_logger is not None:
             wandb_logger.experiment.summary.update({f"{kind}/{k}": v for kind in ("final", "best")
                                                     for k, v in summary[kind].items()})
-            wandb_logger.experiment.summary.update({k: summary[k] for k in ("headline", "diverged") if k in summary})
+            wandb_logger.experiment.summary.update({k: summary[k] for k in ("headline", "diverged", "directions")
+                                                    if k in summary})
             wandb_logger.log_checkpoint(orch.ckpt_path)
             wandb_logger.experiment.finish()
-        print(format_summary(summary))
+        print(format_summary(summary, diagnostics(cfg)))
+        undeclared = undeclared_metrics(cfg, history)
+        if undeclared:
+            print(f"notice: {', '.join(undeclared)} {'was' if len(undeclared) == 1 else 'were'} logged without a "
+                  "declared direction (metric_directions of the class that logs it: fl/core/metric_directions.py); "
+                  "summary.json gives no best for it", file=sys.stderr)
         files = ", ".join(sorted(p.name for p in run_dir.iterdir()))
         print(f"\nRun directory: {run_dir}  ({files})")
         if wandb_logger is not None and wandb_mode(cfg.logger.wandb.mode) == "offline":

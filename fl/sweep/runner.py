@@ -2,7 +2,7 @@
 
     python -m fl.sweep sweeps/X.yaml [--seeds 0,1,2] [--parallel N] [--count N] [--out DIR] [key=value ...]
     python -m fl.sweep --make conf=NAME params=method.lam[,method.mu] [out=FILE] [method=grid|random|bayes]
-                       [metric=KEY] [goal=maximize|minimize] [seeds=0,1,2] [run_cap=N]
+                       [metric=KEY] [goal=maximize|minimize] [seeds=0,1,2] [run_cap=N] [key=value ...]
 
 Each point x seed is one `python -m fl.train` run in <out>/<sweep name>/<point>-s<seed>/ (default out:
 outputs/sweeps). A run is finished when its directory has summary.json; running the same command again
@@ -38,7 +38,7 @@ from fl.report.aliases import current_names
 from fl.report.runs import flatten
 from fl.run.cpu_threads import env_for_one_of
 from fl.sweep.run_lock import release, try_lock
-from fl.sweep.spec import Sweep, expand, grid_values, load_sweep, make_sweep, point_args
+from fl.sweep.spec import Sweep, check_metric, expand, grid_values, load_sweep, make_sweep, point_args
 
 
 @dataclass
@@ -259,21 +259,25 @@ def _seed_list(text: str) -> list[int]:
 
 
 def make_main(argv: list[str]) -> int:
-    opts = {}
+    opts, overrides = {}, []
     for arg in argv:
         key, sep, value = arg.partition("=")
+        if sep and "." in key:  # a config key (method.name=fedprox): a fixed argument of the sweep's command
+            overrides.append(arg)
+            continue
         if not sep or key not in ("conf", "params", "out", "method", "metric", "goal", "seeds", "run_cap"):
             raise ConfigError(f"--make: argument {arg!r} is not one of conf=, params=, out=, method=, metric=, "
-                              "goal=, seeds=, run_cap=")
+                              "goal=, seeds=, run_cap=, or a config key=value (method.name=fedprox)")
         opts[key] = value
     if "conf" not in opts or "params" not in opts:
         raise ConfigError("--make needs conf=NAME and params=method.X[,method.Y]")
     if opts.get("method", "grid") not in ("grid", "random", "bayes"):
         raise ConfigError(f"method={opts['method']!r} is not valid; choices: bayes, grid, random")
     doc = make_sweep(opts["conf"], opts["params"].split(","), opts.get("method"),
-                     opts.get("metric"), opts.get("goal", "maximize"),
-                     _seed_list(opts["seeds"]) if "seeds" in opts else None, int(opts.get("run_cap", 20)))
-    text = (f"# W&B sweep over {opts['params']} of conf={opts['conf']} (ranges declared in the method's config).\n"
+                     opts.get("metric"), opts.get("goal"),
+                     _seed_list(opts["seeds"]) if "seeds" in opts else None, int(opts.get("run_cap", 20)), overrides)
+    text = (f"# W&B sweep over {opts['params']} of {' '.join(['conf=' + opts['conf'], *overrides])} (ranges declared "
+            "in the method's config).\n"
             f"# Online: wandb sweep FILE, then wandb agent <id>. Offline: python -m fl.sweep FILE\n"
             + yaml.safe_dump(doc, sort_keys=False))
     out = opts.get("out")
@@ -325,6 +329,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     print(f"sweep {sweep.name}: {sweep.requested_method} over {', '.join(k for k in sweep.params if k != 'seed')}"
           f"; {len(jobs) // len(seeds)} points x {len(seeds)} seeds = {len(jobs)} runs in {out}")
+    seeded = " seed=<seed>" if seeds != [None] else ""
+    print(f"each run: python -m fl.train {' '.join(sweep.fixed_args)} <the point's parameters>{seeded} "
+          f"{' '.join(args.overrides)}".rstrip())  # the overrides after the point's: they win, as in train_argv
     if args.dry_run:
         for job in jobs:
             print(f"  {job.run_dir.name}  {' '.join(point_args(job.point))}  {'(finished)' if job.finished else ''}")
@@ -355,6 +362,7 @@ def plan_points(sweep: Sweep, points: list[dict], out: Path, seeds: list, extra:
             argv = sweep.point_argv(point) + ([f"seed={seed}"] if seed is not None else []) + extra
             try:
                 cfg = load_config(argv + ["logger.wandb.mode=disabled"])
+                check_metric(sweep.metric, sweep.goal, cfg, "the sweep's ")
             except ConfigError as err:
                 raise ConfigError(f"point {pid} ({' '.join(point_args(point))}): {err}") from None
             jobs.append(Job(pid, point, seed, out / f"{pid}-s{cfg.seed}", comparable(OmegaConf.to_container(cfg)),

@@ -15,6 +15,7 @@ import itertools
 import json
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -22,8 +23,13 @@ from typing import Any, Optional
 import yaml
 
 from fl.config import ARM, ARMS, ConfigError, arm_overrides, load_config, search_spaces
+from fl.config.errors import suggest
 from fl.core import registry
+from fl.core.metric_directions import GOALS as GOAL_OF
+from fl.core.metric_directions import describe, lookup
+from fl.core.run_metrics import run_directions
 from fl.core.seeding import derive_seed
+from fl.report.aliases import current_name
 from fl.report.tables import DEFAULT_METRIC
 
 METHODS = ("grid", "random", "bayes")
@@ -349,15 +355,52 @@ def point_args(point: dict) -> list[str]:
     return [f"{k}={format_value(v)}" for k, v in point.items()]
 
 
+# the validation share a made sweep adds when its config has none, so that its val/ metric is logged
+MADE_VAL_FRACTION = 0.1
+
+
+def check_metric(metric: Optional[str], goal: str, cfg, where: str) -> None:
+    """A sweep's metric is one a run of `cfg` logs, and its goal the direction the metric's logger declares
+    (fl/core/metric_directions.py): otherwise every point would be scored on nothing, or the worst chosen."""
+    if metric is None:
+        return
+    logged = run_directions(cfg)
+    known, direction = lookup(current_name(metric), logged)  # a file written before a rename reads its new name
+    if not known:
+        names = sorted(k for k, d in logged.items() if d is not None and not k.endswith("*"))
+        hint = " (val/ metrics need data.val_fraction > 0)" if metric.startswith("val/") and not (
+            cfg.data.val_fraction) else ""
+        raise ConfigError(f"{where}metric.name={metric!r} is not a metric these runs log{hint}"
+                          f"{suggest(metric, names)}")
+    if direction is None:
+        raise ConfigError(f"{where}metric.name={metric!r} is a diagnostic, declared neither higher nor lower better; "
+                          "a sweep selects on a metric that is better one way")
+    if goal != GOAL_OF[direction]:
+        raise ConfigError(f"{where}metric.goal={goal!r} is against {metric}, whose logger declares "
+                          f"{describe(direction)}: use goal: {GOAL_OF[direction]}")
+
+
 def make_sweep(conf: str, params: list[str], method: Optional[str] = None, metric: Optional[str] = None,
-               goal: str = "maximize", seeds: Optional[list[int]] = None, run_cap: int = 20) -> dict:
-    """A W&B sweep file over `params` (method.X keys) of conf's method, from its declared search ranges.
-    The default metric is the target's validation accuracy when the data has a target (FedPALS tunes lambda
-    on it), else the metric its paper leads with (its registration's headline), else the mean client accuracy."""
-    cfg = load_config([f"conf={conf}", "logger.wandb.mode=disabled"])
+               goal: Optional[str] = None, seeds: Optional[list[int]] = None, run_cap: int = 20,
+               overrides: Sequence[str] = ()) -> dict:
+    """A W&B sweep file over `params` (method.X keys) of conf's method (or `overrides`' method.name=X: they are fixed
+    arguments of its command), from its declared search ranges. The default metric is a validation metric, as a
+    sweep selects on validation and reports test: the target's validation accuracy when the data has a target
+    (FedPALS tunes lambda on it), else val/ of the metric the method's paper leads with (its registration's
+    headline), else of the mean client accuracy; a config without validation splits gets data.val_fraction=0.1 in
+    the command. The goal is the metric's declared direction."""
+    fixed = [f"conf={conf}", *overrides]
+    cfg = load_config([*fixed, "logger.wandb.mode=disabled"])
     if metric is None:
         has_target = cfg.data.target.distribution is not None or cfg.data.target.domain is not None
-        metric = "val/target_acc" if has_target else registry.METHODS[cfg.method.name].headline or DEFAULT_METRIC
+        headline = registry.METHODS[cfg.method.name].headline or DEFAULT_METRIC
+        metric = "val/target_acc" if has_target else "val/" + headline.split("/", 1)[1]
+    if metric.startswith("val/") and metric != "val/target_acc" and not cfg.data.val_fraction:
+        fixed.append(f"data.val_fraction={MADE_VAL_FRACTION}")
+        cfg = load_config([*fixed, "logger.wandb.mode=disabled"])
+    direction = lookup(metric, run_directions(cfg))[1]
+    goal = goal or GOAL_OF.get(direction, "maximize")
+    check_metric(metric, goal, cfg, "")
     spaces = search_spaces(registry.METHODS[cfg.method.name].config_cls)
     space = {}
     for p in params:
@@ -373,7 +416,7 @@ def make_sweep(conf: str, params: list[str], method: Optional[str] = None, metri
     doc = {
         "name": f"{Path(conf).stem}-{'-'.join(p.split('.')[-1] for p in params)}",
         "program": "fl.train",
-        "command": ["${env}", "python", "-m", "fl.train", f"conf={conf}", "${args_no_hyphens}"],
+        "command": ["${env}", "python", "-m", "fl.train", *fixed, "${args_no_hyphens}"],
         "method": method,
         "metric": {"name": metric, "goal": goal},
         "parameters": space,

@@ -163,7 +163,48 @@ def test_early_stop_settings_are_checked():
             load_config([bad])
 
 
-def test_an_early_stop_metric_the_run_lacks_is_one_line_exit_2(out, capsys):
-    assert main(tiny(out, "trainer.early_stop.metric=test/acc_mean_client")) == 2
+def test_an_early_stop_metric_the_run_lacks_is_one_line_exit_2_before_a_run_directory(out, capsys):
+    """Refused while the config is checked, from the metrics the method and its evaluators declare; it used to be
+    found at the first evaluation, after training, in a run directory already made."""
+    for metric, words in (("test/acc_mean_client", "did you mean 'test/acc_mean_clients'?"),
+                          ("val/nope", "needs validation splits")):
+        assert main(tiny(out, f"trainer.early_stop.metric={metric}")) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, err
+    assert main(tiny(out, "trainer.early_stop.metric=val/nope", "data.val_fraction=0.2")) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "close: test/acc_mean_clients" in err
+    assert err.startswith("error: trainer.early_stop.metric='val/nope' is not a metric this run logs") and \
+        "val/acc_mean_clients" in err and err.count("\n") == 1
+    assert not (out / "outputs").exists()
+
+
+def test_early_stopping_follows_the_metrics_declared_direction():
+    """mode left out: the direction the metric's logger declares (a user's lower-is-better metric stops on its
+    minimum); a mode against it, or a diagnostic, is refused."""
+    risk = "callbacks=[{class: tests.recording_callbacks.ScriptedRisk, values: [1.0]}]"
+    assert load_config([risk, "trainer.early_stop.metric=test/risk"]).trainer.early_stop.mode == "min"
+    assert load_config(["trainer.early_stop.metric=test/acc_std_clients"]).trainer.early_stop.mode == "min"
+    assert load_config(["trainer.early_stop.metric=test/acc_mean_clients"]).trainer.early_stop.mode == "max"
+    with pytest.raises(ConfigError, match=r"trainer.early_stop.mode='max' is against test/risk, whose logger declares "
+                                          r"lower is better \(mode min\); leave mode out"):
+        load_config([risk, "trainer.early_stop.metric=test/risk", "trainer.early_stop.mode=max"])
+    with pytest.raises(ConfigError, match="test/absent_mass' is a diagnostic, declared neither"):
+        load_config(["trainer.early_stop.metric=test/absent_mass"])
+
+
+@pytest.mark.parametrize("arguments, words", [
+    ("metric: test/acc_mean_clients, patience: -1", "patience=-1: the evaluations without improvement"),
+    ("metric: test/acc_mean_clients, patience: 3, mode: sideways", "mode='sideways' is not valid; choices: max"),
+    ("metric: test/acc_mean_clients, patience: 3, min_delta: -0.5", "min_delta=-0.5"),
+    ("metric: test/nope, patience: 3", "callbacks[0].metric='test/nope' is not a metric this run logs"),
+    ("metric: test/acc_mean_clients, patience: 3, mode: min", "callbacks[0].mode='min' is against"),
+])
+def test_early_stopping_given_as_a_callback_is_checked_before_any_work(out, capsys, arguments, words):
+    entry = f"callbacks=[{{class: fl.core.EarlyStopping, {arguments}}}]"
+    assert main(tiny(out, entry)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: callbacks[0]") and words in err and err.count("\n") == 1, err
+    assert not (out / "outputs").exists()
+    cfg = load_config([entry.replace(", mode: min", "").replace("test/nope", "test/acc_std_clients")
+                       .replace("-1", "2").replace(", mode: sideways", "").replace("-0.5", "0.1")])
+    assert cfg.callbacks[0].mode == ("min" if "nope" in arguments else "max")  # filled from the metric

@@ -14,10 +14,11 @@ from omegaconf import OmegaConf
 from fl.config import ConfigError, DataConfig, load_config
 from fl.core.batches import one_ahead
 from fl.core.federated_data import Split, rows_to
-from fl.core.mapped_images import ImageMap, MappedImages
+from fl.core.mapped_images import DamagedImages, ImageMap, MappedImages
 from fl.data import build_data, cache
 from fl.data.sources import domains
 from fl.data.sources.domains import PACS, load_pacs
+from fl.run.train import main
 from tests import fakes
 from tests.helpers import ROOT, read_metrics, run_cli, run_tiny, tiny
 
@@ -108,6 +109,65 @@ def test_a_half_built_cache_is_never_read_and_an_interrupted_build_resumes(tmp_p
     calls.clear()  # another key (a changed source) replaces it
     cache.cached_images(d, **{**common, "key": "k2"}, fill=fill)
     assert calls == [0, 1, 2, 3] and json.loads((root / "t" / "meta.json").read_text())["key"] == "k2"
+
+
+def overwrite(path, offset: int, size: int = 4096) -> None:
+    """Damage that keeps the file's size: `size` bytes at `offset` replaced by others."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        old = f.read(size)
+        f.seek(offset)
+        f.write(bytes((b + 1) % 256 for b in old))
+
+
+def test_bytes_overwritten_in_place_are_found_by_the_rows_checksums(tmp_path, capsys):
+    """4 KiB overwritten in images.u8 (its size kept) was trained on without a word. Read into memory: every row is
+    checked, and the cache rebuilt; memory-mapped: each row on its first read, which names the image and sets the
+    cache aside, so the next load rebuilds it."""
+    images = torch.randint(0, 256, (40, 3, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    calls = []
+
+    def fill(i):
+        calls.append(i)
+        return images[10 * i:10 * i + 10]
+
+    common = {"dataset": "toy", "folder": tmp_path, "tag": "t", "key": "k", "counts": {"train": 30, "test": 10},
+              "shape": (3, 16, 16), "parts": [10, 10, 10, 10]}
+    cache.cached_images(cfg(tmp_path, cache="memory"), **common, fill=fill)
+    target = tmp_path / ".fl_cache" / "t"
+    row = 3 * 16 * 16
+    overwrite(target / "images.u8", 25 * row + 100)  # images 25 and 26 (4 KiB > 768 B x 5: up to 30)
+    assert (target / "images.u8").stat().st_size == 40 * row
+    calls.clear()
+    x = cache.cached_images(cfg(tmp_path, cache="memory"), **common, fill=fill)
+    assert "is damaged (image 25 does not match its checksum); rebuilding it" in capsys.readouterr().err
+    assert calls == [0, 1, 2, 3]
+    assert torch.equal(torch.cat([x["train"], x["test"]]), images)
+
+    overwrite(target / "images.u8", 12 * row + 7)  # images 12 to 17
+    calls.clear()
+    mapped = cache.cached_images(cfg(tmp_path, cache="mmap"), **common, fill=fill)
+    assert calls == [] and torch.equal(mapped["train"][torch.arange(0, 12)], images[:12])  # intact rows read
+    with pytest.raises(DamagedImages, match=r"image 12 of .*images.u8 does not match the checksum written with it: "
+                                            r"the file was changed after it was built; the cache .* is set aside"):
+        mapped["train"][torch.tensor([3, 12, 13])]
+    assert not (target / "meta.json").exists()
+    again = cache.cached_images(cfg(tmp_path, cache="mmap"), **common, fill=fill)
+    assert calls == [0, 1, 2, 3] and torch.equal(again["train"].load(), images[:30])
+
+
+def test_a_run_on_a_map_damaged_in_place_stops_naming_the_image_and_the_next_run_rebuilds_it(out, capsys):
+    base = fake_pacs(out / "data", per_class=4)
+    args = ["data.name=pacs", "data.image_size=8", "data.cache=mmap", "data.partition.name=iid", "data.num_clients=4",
+            "trainer.rounds=2", "trainer.checkpoint_every=0", "trainer.participation=1"]  # every image read in round 0
+    run_tiny(out, *args, name="first")
+    images = base / ".fl_cache" / "8px" / "images.u8"
+    overwrite(images, images.stat().st_size // 2)
+    assert main(tiny(out, *args, "fabric.cpu_threads=1", "logger.run_name=damaged")) == 1
+    err = capsys.readouterr().err
+    assert "does not match the checksum written with it" in err and str(images) in err and "set aside" in err
+    again = run_tiny(out, *args, name="again")
+    assert read_metrics(again) == read_metrics(out / "outputs" / "first")
 
 
 def test_a_cache_that_cannot_be_written_is_an_error_for_mmap_and_decoded_in_memory_otherwise(tmp_path, monkeypatch,

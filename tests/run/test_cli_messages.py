@@ -4,6 +4,7 @@ a method key that names the methods taking it, and nothing left behind that was 
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -38,6 +39,29 @@ def test_method_help_needs_no_target(capsys):
     assert main(["method.name=fedpals", "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("method.name=fedpals: FedPALS") and "method.lam=" in out and "method.ess_frac=" in out
+
+
+def test_a_method_without_hyperparameters_says_so(capsys):
+    """`method.name=fedavg --help` ended in an empty `hyperparameters:`."""
+    assert main(["method.name=fedavg", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "hyperparameters: none of its own" in out and "optim.*, trainer.*" in out
+    assert not out.rstrip().endswith("hyperparameters:")
+
+
+def test_a_model_too_big_for_the_images_is_the_error_line_alone(out, capsys):
+    """Images too small for the CNN: the error said why, after two lines of torch's UserWarning about a zero-sized
+    layer."""
+    path = out / "tiny_images.npz"
+    np.savez(path, x=np.random.default_rng(0).integers(0, 256, (60, 3, 2, 2), dtype=np.uint8), y=np.arange(60) % 3)
+    with warnings.catch_warnings(record=True) as shown:  # what would reach the terminal (pytest records them)
+        warnings.simplefilter("always")
+        assert main(["logger.wandb.mode=disabled", "data.name=arrays", f"data.root={path}", "data.num_clients=3",
+                     "data.partition.min_client_size=2", f"logger.output_dir={out / 'outputs'}"]) == 2
+    assert not [str(w.message) for w in shown if "zero-element" in str(w.message)]
+    err = capsys.readouterr().err
+    assert err.startswith("error: model.name='cnn' cannot take the inputs") and err.count("\n") == 1, err
+    assert not (out / "outputs").exists()
 
 
 def test_method_help_still_refuses_an_unknown_key(capsys):

@@ -123,8 +123,9 @@ def test_console_rounds_are_the_files_rounds(progress_run):
     summary = json.loads((run_dir / "summary.json").read_text())
     table = {line.split()[0]: line.split() for line in stdout.splitlines() if line.startswith(("test/", "train/"))}
     assert "@round" in stdout
-    for key, fields in table.items():  # the summary table's best round is summary.json's
-        assert int(fields[3]) == summary["best_round"][key]
+    for key, fields in table.items():  # the summary table's best round is summary.json's; a diagnostic has none
+        assert (int(fields[3]) if fields[3] != "—" else None) == summary["best_round"].get(key)
+    assert table["test/absent_mass"][2:4] == ["—", "—"] and summary["directions"]["test/absent_mass"] is None
 
 
 def printed_order(text: str) -> list[str]:
@@ -143,11 +144,28 @@ def test_the_summary_leads_with_the_headline_and_the_standard_accuracies_then_th
     assert printed_order(text) == [
         "test/acc_global_balanced", "test/acc_mean_clients", "test/acc_global_micro", "test/acc_micro", "train/loss",
         "diagnostics", "test/acc_global_client_dist", "test/adaptability", "test/kl_PQ", "per round"]
-    assert "per round (mean of the last 5 rounds): time 1.50 s, comm 3.00 MiB up, 1.00 MiB down" in text
+    assert "per round (mean of the last 1 round): time 1.50 s, comm 3.00 MiB up, 1.00 MiB down" in text
     summary["headline"] = None  # a baseline: the mean client accuracy leads, FedACD's accuracy is a diagnostic
     assert printed_order(format_summary(summary)) == [
         "test/acc_mean_clients", "test/acc_global_micro", "test/acc_micro", "train/loss", "diagnostics",
         "test/acc_global_client_dist", "test/adaptability", "test/kl_PQ", "test/acc_global_balanced", "per round"]
+
+
+def test_the_last_column_is_labelled_with_how_many_values_it_averages():
+    """trainer.last_k=5 over a 3-round run averages 3 evaluations: the column says `last 3` (it said `last 5`); rows
+    that average different counts (evaluations every other round, the loss every round) get a k column."""
+    rows = [{"round": r, "test/acc_mean_clients": 0.1 * r, "train/loss": 1.0 / (r + 1), "time/round_s": 1.0 + r}
+            for r in range(3)]
+    text = format_summary(summarize_history(rows, last_k=5))
+    head = text.splitlines()[0].split()
+    assert head[-2:] == ["last", "3"] and "(mean of the last 3 rounds)" in text
+    loss = next(line for line in text.splitlines() if line.startswith("train/loss")).split()
+    assert float(loss[-1]) == pytest.approx(round((1 + 1 / 2 + 1 / 3) / 3, 4))
+    sparse = [{k: v for k, v in row.items() if row["round"] != 1 or not k.startswith("test/")} for row in rows]
+    text = format_summary(summarize_history(sparse, last_k=5))
+    assert text.splitlines()[0].split()[-3:] == ["last", "k", "k"]
+    counts = {line.split()[0]: line.split()[-1] for line in text.splitlines() if line.startswith(("test/", "train/"))}
+    assert counts == {"test/acc_mean_clients": "2", "train/loss": "3"}
 
 
 def test_every_accuracy_of_the_client_evaluation_is_a_standard_one():

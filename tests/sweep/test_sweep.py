@@ -10,7 +10,7 @@ import yaml
 from fl.config import ConfigError, load_config
 from fl.sweep.runner import Job, train_argv
 from fl.sweep.runner import main as sweep_main
-from fl.sweep.spec import expand, grid_values, load_sweep, parse_sweep, point_args
+from fl.sweep.spec import check_metric, expand, grid_values, load_sweep, parse_sweep, point_args
 from tests.helpers import ROOT, TINY, run_cli
 
 BASE = {
@@ -262,6 +262,18 @@ def test_make_writes_a_valid_sweep_file_from_declared_ranges(tmp_path, capsys):
     assert "params: 'method.tau' has no search range" in capsys.readouterr().err
 
 
+def test_a_dry_run_shows_what_every_run_gets_beside_its_point(tmp_path, capsys):
+    """The pass-through overrides (trainer.rounds=3) were used by every run but shown nowhere."""
+    path = tmp_path / "lr.yaml"
+    path.write_text(yaml.safe_dump(doc(parameters={"optim.lr": {"values": [0.01, 0.1]}, "seed": {"values": [0, 1]}})))
+    assert sweep_main([str(path), "--dry-run", "trainer.rounds=3", "data.num_clients=4", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == ("each run: python -m fl.train conf=quickstart <the point's parameters> seed=<seed> "
+                      "trainer.rounds=3 data.num_clients=4")
+    assert [line.split()[1] for line in out[2:]] == ["optim.lr=0.01"] * 2 + ["optim.lr=0.1"] * 2
+    assert not (tmp_path / "lr").exists()
+
+
 SWEEP_FILES = sorted((ROOT / "sweeps").glob("*.yaml"))
 
 
@@ -281,6 +293,7 @@ def test_every_shipped_sweep_file_is_valid(path):
         for seed in seeds:
             argv = sweep.point_argv(point) + ([f"seed={seed}"] if seed is not None else [])
             cfg = load_config(argv)
+            check_metric(sweep.metric, sweep.goal, cfg, "")  # a metric the runs log, the goal its declared direction
             for key, value in point.items():  # the value arrives typed, as the file meant it
                 if key in ("conf", "arm"):  # the config file itself, an arm's name: not keys of the config
                     continue

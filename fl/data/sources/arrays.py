@@ -1,14 +1,14 @@
 """Bring-your-own data: one .npz or .pt file of arrays, named by data.root.
 
-Keys: x, y (required); domain; x_test, y_test, domain_test; class_names, domain_names; mean, std.
-x is either uint8 images, [N, H, W], [N, C, H, W] or [N, H, W, C] with C in {1, 3} (stored as NCHW
-and normalised with mean/std, default 0.5 per channel, i.e. to [-1, 1] as FedMosaic and pFedFDA do), or
-floats, used as they are (not normalised): [N, H, W] gets a channel axis ([N, 1, H, W], grayscale) and
-[N, H, W, C] with C in {1, 3} is moved to NCHW, as for uint8, so the image models take them; any other shape
-[N, ...] is a feature vector per sample (for mlp / logistic). Labels are integers in [0, num_classes), with
-num_classes = len(class_names), or else the largest label + 1 (then at most twice the number of distinct
-labels: sparse ids must be remapped). This is also the route for data no other loader
-reads, e.g. LEAF's FEMNIST with writer ids saved as `domain`.
+Keys: x, y (required); domain; x_test, y_test, domain_test; class_names, domain_names; mean, std. x is either uint8
+images, [N, H, W], [N, C, H, W] or [N, H, W, C] with C in {1, 3} (stored as NCHW and normalised with mean/std, each
+0.5 per channel when not given: fl.data.base.Pool's rule for every dataset, pixels to [-1, 1] as FedMosaic and
+pFedFDA do), or floats, used as they are (not normalised): [N, H, W] gets a channel axis ([N, 1, H, W], grayscale)
+and [N, H, W, C] with C in {1, 3} is moved to NCHW, as for uint8, so the image models take them; any other shape [N,
+...] is a feature vector per sample (for mlp / logistic). Labels are integers in [0, num_classes), with num_classes
+= len(class_names), or else the largest label + 1 (then at most twice the number of distinct labels: sparse ids must
+be remapped). This is also the route for data no other loader reads, e.g. LEAF's FEMNIST with writer ids saved as
+`domain`.
 """
 from __future__ import annotations
 
@@ -133,11 +133,11 @@ def load_arrays(d: DictConfig) -> Pool:
         domain_names = domain_names or [f"domain{i}" for i in range(num_domains)]
         if num_domains > len(domain_names):
             raise DataError(path, f"domain ids below len(domain_names) = {len(domain_names)} ({LAYOUT})", OBTAIN)
-    mean = std = None
-    if train.x.dtype == torch.uint8:
+    mean = std = None  # uint8 images without them: Pool's default, 0.5 per channel
+    if train.x.dtype == torch.uint8 and ("mean" in blob or "std" in blob):
         channels = train.x.shape[1]
-        mean = tuple(float(m) for m in _tensor(blob["mean"]).reshape(-1)) if "mean" in blob else (0.5,) * channels
-        std = tuple(float(s) for s in _tensor(blob["std"]).reshape(-1)) if "std" in blob else (0.5,) * channels
+        mean, std = (tuple(float(v) for v in _tensor(blob[k]).reshape(-1)) if k in blob else (0.5,) * channels
+                     for k in ("mean", "std"))
         if len(mean) != channels or len(std) != channels:
             raise DataError(path, f"mean and std with {channels} values ({LAYOUT})", OBTAIN)
     return Pool("arrays", train, test, num_classes, class_names, domain_names, mean, std)

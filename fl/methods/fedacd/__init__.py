@@ -38,6 +38,7 @@ from torch import Tensor
 
 from fl.config import MethodConfig, param
 from fl.core import ClientModule, Server, Upload, derive_seed, generator, register_method
+from fl.core.metric_directions import LOWER, NEITHER
 from fl.methods.fedacd.losses import accumulate, adjustment_matrix, l1_flatten, l2_adjusted_ce, rows_from, score_v
 from fl.metrics.adaptability import KL_REDUCTIONS, kl_pq, local_probability_matrix
 
@@ -79,6 +80,7 @@ class FedACDBaseConfig(FedACDConfig):
 
 
 class FedACDClient(ClientModule):
+    metric_directions = {"l1": LOWER, "l2": LOWER}
     persistent = ("kept_P",)  # the P behind the client's last V (None before its first round)
 
     def __init__(self, cfg, data):
@@ -175,6 +177,8 @@ class FedACDClient(ClientModule):
 
 class FedACDServer(Server):
     """w = sum_m V_m / sum_k V_k w_m over the round's clients (the orchestrator normalises the weights)."""
+    metric_directions = {"server/V_mean": NEITHER, "server/V_min": NEITHER, "server/V_max": NEITHER,
+                         "server/kl_PQ_mean": LOWER}  # V: the clients' scores; KL as test/kl_PQ
 
     def __init__(self, cfg):
         super().__init__(cfg)

@@ -37,6 +37,7 @@ from fl.core import (
     register_method,
     seed_torch,
 )
+from fl.core.metric_directions import HIGHER, LOWER, NEITHER
 from fl.methods.fedmosaic.vote import (
     UNCERTAINTY_SCORES,
     adaptive_lambda,
@@ -112,6 +113,7 @@ def votes_after_round(cfg, rnd: int) -> bool:
 # ---- clients ---------------------------------------------------------------------------------------
 class CoTrainingClient(ClientModule):
     """Local steps on l_priv + lambda * l_pseudo; uploads hard labels and confidences on U."""
+    metric_directions = {"loss_priv": LOWER, "loss_pseudo": LOWER, "lambda": NEITHER}  # lambda_i: a weight
 
     keep_optimizer_state = True  # Adam's moments persist across communications (Algorithm 1, line 14 only replaces P)
     has_global_model = False
@@ -241,6 +243,9 @@ class FedMosaicClient(CoTrainingClient):
 # ---- server ----------------------------------------------------------------------------------------
 class CoTrainingServer(Server):
     """Builds the consensus pseudo-labels from every client's (predictions, confidences) on U."""
+    # the consensus against the public set's hidden labels (higher is better); its class share and churn: diagnostics
+    metric_directions = {"pseudo/acc_vs_hidden_truth": HIGHER, "pseudo/majority_class_share": NEITHER,
+                         "pseudo/changed_frac": NEITHER}
 
     def setup(self, module, data) -> None:
         super().setup(module, data)

@@ -34,6 +34,7 @@ from torch import Tensor
 from fl.config import MethodConfig, param
 from fl.core import HEAD, ClientModule, Server, Upload, build_optimizer, register_method
 from fl.core.label_sums import class_sums, label_counts
+from fl.core.metric_directions import LOWER, NEITHER
 from fl.methods.fedpac.qp import SOLVERS, combination_weights
 
 
@@ -52,6 +53,7 @@ class FedPACConfig(MethodConfig):
 
 
 class FedPACClient(ClientModule):
+    metric_directions = {"ce": LOWER, "align": LOWER}
     needs_backbone = True  # the body and the head are trained apart
     has_global_model = False  # no global head
 
@@ -150,6 +152,8 @@ class FedPACClient(ClientModule):
 
 
 class FedPACServer(Server):
+    metric_directions = {"server/alpha_self_mean": NEITHER, "server/alpha_nonzero_mean": NEITHER}
+
     def setup(self, module: ClientModule, data) -> None:
         super().setup(module, data)
         K, d = data.num_classes, module.model.feature_dim

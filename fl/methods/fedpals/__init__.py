@@ -11,6 +11,7 @@ from typing import Optional
 
 from fl.config import ConfigError, MethodConfig, param
 from fl.core import Server, register_method
+from fl.core.metric_directions import NEITHER
 from fl.methods.fedpals.qp import SOLVERS, FedPALSQP, ess, mismatch
 from fl.methods.fedprox import FedProxClient
 
@@ -37,6 +38,10 @@ def resolve(cfg) -> None:
 
 
 class FedPALSServer(Server):
+    # the QP's trade-off, set by lambda: diagnostics, neither way better
+    metric_directions = dict.fromkeys(("server/ess", "server/ess_frac", "server/label_mismatch",
+                                       "server/projection_distance", "server/lambda", "server/alpha/*"), NEITHER)
+
     @classmethod
     def own_aggregation(cls, hp) -> Optional[str]:
         return "its aggregation weights are the QP's alpha, the method itself"

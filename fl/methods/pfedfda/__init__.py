@@ -22,6 +22,7 @@ from torch import Tensor
 
 from fl.config import MethodConfig, param
 from fl.core import HEAD, ClientModule, Server, Upload, float32_island, generator, register_method
+from fl.core.metric_directions import LOWER, NEITHER
 from fl.methods.pfedfda.stats import estimate, interpolate, lda_head, priors, solve_beta
 
 
@@ -197,6 +198,10 @@ class PFedFDAClient(ClientModule):
 
 
 class PFedFDAServer(Server):
+    # beta: how much each head leans on the global statistics, a diagnostic; a collapsed head is a fault
+    metric_directions = {"train/beta_mean": NEITHER, "train/beta_fallbacks": NEITHER, "test/beta_mean": NEITHER,
+                         "test/collapsed_heads": LOWER}
+
     def setup(self, module: PFedFDAClient, data) -> None:
         super().setup(module, data)
         C, d, device = data.num_classes, module.model.feature_dim, module.dev
