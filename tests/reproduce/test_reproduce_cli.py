@@ -167,7 +167,8 @@ def test_reproduce_json_records_every_run_with_its_overrides_metrics_commit_and_
     fake_finished_runs(tmp_path, paper, {"fedavg": [0.50, 0.52, 0.54], "fedprox": [0.60, 0.61, 0.62]})
     assert main([paper, "--seeds", "3", "--out", str(tmp_path / "o")]) == 0
     doc = json.loads((tmp_path / "o" / "tiny" / "twin" / "reproduce.json").read_text())
-    assert doc["command"] == {"table": None, "seeds": [0, 1, 2], "overrides": [], "every_cell": False}
+    assert doc["command"] == {"table": None, "seeds": [0, 1, 2], "overrides": [], "every_cell": False,
+                              "baselines": False}
     prov = doc["provenance"]
     assert prov["commit"] is None or len(prov["commit"]) == 40
     assert isinstance(prov["dirty"], (bool, type(None))) and prov["versions"]["torch"] and prov["versions"]["numpy"]
