@@ -22,7 +22,7 @@ shift || true
 case "$cmd" in
   quickstart) exec "$VENV/bin/python" -m fl.train "$@" ;;
   # one pytest worker per core, each with its share of the cores (tests/conftest.py); the slowest tests are listed at the end
-  test) exec "$VENV/bin/python" -m pytest -n auto --durations=25 "$@" ;;
+  test) exec "$VENV/bin/python" -m pytest -n auto --dist worksteal --durations=25 "$@" ;;
   lint) exec "$VENV/bin/ruff" check fl tests bench "$@" ;;
   bench) exec "$VENV/bin/python" bench/fedavg_overhead.py "$@" ;;
   *) echo "usage: bash scripts/dev.sh quickstart|test|lint|bench [args]" >&2; exit 2 ;;

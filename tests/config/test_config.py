@@ -138,14 +138,14 @@ def test_sweep_files_name_real_keys():
         confs = params.pop("conf")["values"] if "conf" in params else [
             next((a.split("=", 1)[1] for a in sweep["command"] if str(a).startswith("conf=")), None)]
         arms = {k.split(".", 1)[1]: params.pop(k)["value"] for k in list(params) if k.startswith("arms.")}
+        # every swept key at once (an unknown one is named by the error), then every arm with its own overrides
+        values = [f"{k}={spec['values'][0] if 'values' in spec else spec['min']}" for k, spec in params.items()
+                  if k != "arm"]
         for conf in confs:
-            for key, spec in params.items():
-                if key == "arm":  # every arm, with its own overrides (fl/config/arms.py)
-                    for arm in spec["values"]:
-                        load_config([*([f"conf={conf}"] if conf else []), f"arm={arm}", f"arms.{arm}={arms[arm]}"])
-                    continue
-                value = spec["values"][0] if "values" in spec else spec["min"]
-                load_config([*([f"conf={conf}"] if conf else []), f"{key}={value}"])
+            base = [f"conf={conf}"] if conf else []
+            load_config([*base, *values])
+            for arm in params.get("arm", {}).get("values", []):  # fl/config/arms.py
+                load_config([*base, f"arm={arm}", f"arms.{arm}={arms[arm]}"])
 
 
 def test_missing_real_data_names_the_synthetic_twin(out, capsys):
