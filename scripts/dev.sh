@@ -21,7 +21,8 @@ cmd=${1:-quickstart}
 shift || true
 case "$cmd" in
   quickstart) exec "$VENV/bin/python" -m fl.train "$@" ;;
-  # one pytest worker per core, each with its share of the cores (tests/conftest.py); the slowest tests are listed at the end
+  # one pytest worker per core, each with its share of the cores (tests/conftest.py), idle workers stealing queued
+  # tests (the long multi-process tests do not queue behind each other); the slowest tests are listed at the end
   test) exec "$VENV/bin/python" -m pytest -n auto --dist worksteal --durations=25 "$@" ;;
   lint) exec "$VENV/bin/ruff" check fl tests bench "$@" ;;
   bench) exec "$VENV/bin/python" bench/fedavg_overhead.py "$@" ;;
