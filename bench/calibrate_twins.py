@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fl.reproduce.claim_cells import paper_mean  # noqa: E402
+from fl.reproduce.setting import REGIME_POINTS  # noqa: E402
 from fl.reproduce.spec import available_papers, load_paper  # noqa: E402
 
-REGIME_POINTS = 10.0  # accuracy points (percent) a twin's baseline may sit from the paper's
+REGIME = {True: "yes", False: "NO", None: "not an accuracy"}
 
 
 def calibration_rows(paper_id: str, record: dict) -> list[dict]:
@@ -35,10 +36,11 @@ def calibration_rows(paper_id: str, record: dict) -> list[dict]:
         if theirs is None or not cell["n"]:
             continue
         gap = cell["mean"] - theirs
+        accuracy = table.unit in ("percent", "fraction")  # a raw quantity (a KL, adaptability) is shown, not judged
         points = abs(gap) * 100.0 / table.factor  # the table's units to accuracy points
         rows.append({"paper": paper_id, "table": cell["table"], "column": cell["column"], "row": cell["row"],
                      "paper_value": theirs, "twin": cell["mean"], "std": cell["std"], "n": cell["n"],
-                     "seeds": cell["seeds"], "gap": gap, "in_regime": points <= REGIME_POINTS})
+                     "seeds": cell["seeds"], "gap": gap, "in_regime": points <= REGIME_POINTS if accuracy else None})
     return rows
 
 
@@ -65,9 +67,11 @@ def main() -> int:
     for r in rows:
         spread = f" ± {r['std']:.1f}" if r["std"] is not None else ""
         print(f"| {r['paper']} | {r['table']} | {r['column']} | {r['row']} | {r['paper_value']:.2f} | "
-              f"{r['twin']:.2f}{spread} | {r['gap']:+.2f} | {'yes' if r['in_regime'] else 'NO'} |")
-    inside = sum(r["in_regime"] for r in rows)
-    print(f"\n{inside} of {len(rows)} reference-baseline cells within {REGIME_POINTS:g} points of the paper")
+              f"{r['twin']:.2f}{spread} | {r['gap']:+.2f} | {REGIME[r['in_regime']]} |")
+    judged = [r for r in rows if r["in_regime"] is not None]
+    inside = sum(r["in_regime"] for r in judged)
+    print(f"\n{inside} of {len(judged)} reference-baseline accuracy cells within {REGIME_POINTS:g} points of the paper "
+          f"({len(rows) - len(judged)} cells of other quantities shown, not judged)")
     (ROOT / args.out / "calibration.json").write_text(json.dumps(rows, indent=2))
     return 0
 

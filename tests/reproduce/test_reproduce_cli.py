@@ -111,11 +111,11 @@ def test_dry_run_at_paper_scale_projects_from_the_paper_scale_rehearsal(capsys, 
     assert "projected 23 min (150 rounds) on the 2-core CPU each" in out  # fedpals_cifar10_c2's row in bench/README.md
 
 
-def fake_finished_runs(tmp_path, paper_file: str, values: dict[str, list[float]]) -> None:
+def fake_finished_runs(tmp_path, paper_file: str, values: dict[str, list[float]], out: str = "o") -> None:
     """Each run of the plan as a finished run directory (config.yaml as fl.train writes it, summary.json), with
     test/acc_mean_clients = values[arm][seed]."""
     from fl.reproduce.cli import make_plan, parse_args
-    plan = make_plan(load_paper(paper_file), parse_args([paper_file, "--seeds", "3", "--out", str(tmp_path / "o")]))
+    plan = make_plan(load_paper(paper_file), parse_args([paper_file, "--seeds", "3", "--out", str(tmp_path / out)]))
     for job in plan.jobs:
         job.run_dir.mkdir(parents=True)
         OmegaConf.save(load_config(job.sweep.point_argv(job.point) + [f"seed={job.seed}", *job.extra]),
@@ -160,6 +160,12 @@ def test_the_output_starts_with_the_twin_beside_the_papers_setting_and_the_basel
     assert line.endswith("Calibration: t1 FedAvg: paper 60.0, twin 52.0 ± 2.0 (-8.0).")
     doc = json.loads((tmp_path / "o" / "tiny" / "twin" / "reproduce.json").read_text())
     assert doc["twin"][1] == line
+    # a baseline more than 10 points from the paper's is named out of regime, with the gap
+    fake_finished_runs(tmp_path, paper, {"fedavg": [0.40, 0.42, 0.44], "fedprox": [0.60, 0.61, 0.62]}, out="o2")
+    assert main([paper, "--seeds", "3", "--out", str(tmp_path / "o2")]) == 0
+    line = (tmp_path / "o2" / "tiny" / "twin" / "reproduce.md").read_text().splitlines()[3]
+    assert line.endswith("t1 FedAvg: paper 60.0, twin 42.0 ± 2.0 (-18.0, outside the paper's regime: 18.0 points "
+                         "from it).")
 
 
 def test_reproduce_json_records_every_run_with_its_overrides_metrics_commit_and_versions(tmp_path, capsys):
