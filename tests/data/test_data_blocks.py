@@ -91,11 +91,13 @@ def data_blocks(name: str) -> list:
 
 @pytest.mark.parametrize("name", TWIN_CONFS)
 def test_twin_config_includes_its_real_config(name):
-    """conf/NAME_synthetic.yaml is include: [NAME, data/X_synthetic] (X the real config's data block) plus
-    overrides: the real config's protocol reaches the twin by construction."""
+    """conf/NAME_synthetic.yaml is include: [NAME, data/X_synthetic] (X the real config's data block), then at most
+    twin overlays (conf/twin/: CPU-size overrides shared by the twins of one protocol), plus overrides: the real
+    config's protocol reaches the twin by construction."""
     blocks = data_blocks(name)
     assert len(blocks) == 1, f"{name} includes one data block"
-    assert includes(f"{name}_synthetic") == [name, f"{blocks[0]}_synthetic"]
+    found = includes(f"{name}_synthetic")
+    assert found[:2] == [name, f"{blocks[0]}_synthetic"] and all(i.startswith("twin/") for i in found[2:]), found
 
 
 @pytest.mark.parametrize("conf", ["pfedfda_cifar10_dir05", "pfedfda_cifar100", "pfedfda_cifar10s", "pfedfda_cifar100s",
