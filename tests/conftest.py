@@ -1,5 +1,7 @@
 """Fixtures only; what tests import (constants, runs, checkpoints, patches) is in tests/helpers.py."""
+import getpass
 import os
+import tempfile
 
 from fl.run.cpu_threads import NUM_THREADS, share_of_cores, sleep_at_barriers
 
@@ -8,6 +10,12 @@ from fl.run.cpu_threads import NUM_THREADS, share_of_cores, sleep_at_barriers
 sleep_at_barriers()
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     os.environ.setdefault(NUM_THREADS, str(share_of_cores(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+# torch's inductor keys its kernel cache without the ATen CPU capability: a kernel compiled under the machine's own
+# (vectorised) is reused under ATEN_CPU_CAPABILITY=default, whose precompiled header lacks at::vec, and fails to build;
+# a session that sets the capability compiles into a cache of its own
+if os.environ.get("ATEN_CPU_CAPABILITY"):
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{os.environ['ATEN_CPU_CAPABILITY']}"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
