@@ -12,9 +12,11 @@ default evaluators) two ways, interleaved over the repeats:
 It counts the images that went through the model (a forward pre-hook on the model), checks that both ways give the
 same metrics bit for bit, and counts the test rows whose logits differ between a client's own batches and the pooled
 batches, and those whose predicted label differs. Then a bare loop times the model alone over the official test
-set at each batch size (ms per image): the batch size that is fastest there is the CPU default.
+set at each batch size (ms per image, the fastest of 3 x --repeats passes): what it measures fastest on a CPU is
+the CPU default of trainer.eval_batch_size (fl/core/batches.py). data.image_size=32 gives 32 px images.
 
-    python bench/eval_cost.py [--batch-sizes 8 16 32 64 128 256 1024] [--repeats 5] [--threads N] [key=value ...]
+    python bench/eval_cost.py [--batch-sizes 8 16 32 64 128 256 1024] [--repeats 5] [--threads N] [--bare-only]
+                              [key=value ...]
 """
 from __future__ import annotations
 
@@ -27,14 +29,18 @@ import time
 from pathlib import Path
 from unittest import mock
 
-import torch
+from fl.run.cpu_threads import sleep_at_barriers
 
-from fl.config import load_config
-from fl.core import evaluation
-from fl.core.loop import Orchestrator
-from fl.core.registry import METHODS
-from fl.data import build_data
-from fl.run.train import make_fabric
+sleep_at_barriers()  # a run's thread policy (fl/train.py), before torch loads
+
+import torch  # noqa: E402
+
+from fl.config import load_config  # noqa: E402
+from fl.core import evaluation  # noqa: E402
+from fl.core.loop import Orchestrator  # noqa: E402
+from fl.core.registry import METHODS  # noqa: E402
+from fl.data import build_data  # noqa: E402
+from fl.run.train import make_fabric  # noqa: E402
 
 WORKLOAD = ["method.name=fedavg", "data.test_split=official", "logger.wandb.mode=disabled", "logger.progress=false",
             "trainer.rounds=1", "trainer.eval_every=1"]
@@ -93,18 +99,20 @@ def row_agreement(orch: Orchestrator) -> tuple[int, int, int]:
     return rows, bits, labels
 
 
-def bare_forward(orch: Orchestrator, batch_size: int, repeats: int) -> float:
-    """Median seconds per image of the model alone over the official test set (prepared once), in eval mode."""
+def bare_forward(orch: Orchestrator, batch_sizes: list[int], repeats: int) -> dict[int, float]:
+    """Seconds per image of the model alone over the official test set (prepared once), in eval mode, at each batch
+    size: the fastest of `repeats` passes (the least disturbed by other work), the sizes interleaved."""
     model, data = orch.module.model.eval(), orch.data
     x = data.prepare(data.global_test.x.to(orch.fabric.device), torch.float32)
-    times = []
+    best = dict.fromkeys(batch_sizes, float("inf"))
     with torch.no_grad():
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for i in range(0, len(x), batch_size):
-                model(x[i:i + batch_size])
-            times.append((time.perf_counter() - start) / len(x))
-    return statistics.median(times)
+        for rep in range(repeats):
+            for b in batch_sizes if rep % 2 == 0 else batch_sizes[::-1]:
+                start = time.perf_counter()
+                for i in range(0, len(x), b):
+                    model(x[i:i + b])
+                best[b] = min(best[b], (time.perf_counter() - start) / len(x))
+    return best
 
 
 def main() -> None:
@@ -112,6 +120,7 @@ def main() -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 1024])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--bare-only", action="store_true", help="only the model alone at each batch size")
     p.add_argument("overrides", nargs="*", help="key=value given to the run's config")
     args = p.parse_args()
     if args.threads:
@@ -126,7 +135,7 @@ def main() -> None:
               f"load average {os.getloadavg()[0]:.2f} at the start")
         times = {(b, s): [] for b in args.batch_sizes for s in (True, False)}
         images, results = {}, {}
-        for rep in range(args.repeats):  # interleaved: drift in the machine's load favours no configuration
+        for rep in range(0 if args.bare_only else args.repeats):  # interleaved: drift favours no configuration
             for b in args.batch_sizes:
                 orch.cfg.trainer.eval_batch_size = b
                 for shared in ((True, False) if rep % 2 == 0 else (False, True)):
@@ -135,18 +144,19 @@ def main() -> None:
                     images[b, shared] = n
                     results[b, shared] = metrics
         print(f"\n{'batch':>6} {'mode':>10} {'images':>8} {'eval s':>8} {'ms/image':>9}  same metrics")
-        for b in args.batch_sizes:
+        for b in args.batch_sizes if not args.bare_only else []:
             same = results[b, True] == results[b, False]
             for shared in (True, False):
                 t = statistics.median(times[b, shared])
                 n = images[b, shared]
                 print(f"{b:>6} {'shared' if shared else 'per-client':>10} {n:>8} {t:>8.3f} {1e3 * t / n:>9.3f}"
                       f"  {'yes' if same else 'NO'}")
+        bare = bare_forward(orch, args.batch_sizes, 3 * args.repeats)
         print(f"\n{'batch':>6} {'bare ms/image':>14} {'rows':>6} {'logits differ':>14} {'label differs':>14}")
         for b in args.batch_sizes:
             orch.cfg.trainer.eval_batch_size = b
-            rows, bits, labels = row_agreement(orch)
-            print(f"{b:>6} {1e3 * bare_forward(orch, b, args.repeats):>14.4f} {rows:>6} {bits:>14} {labels:>14}")
+            rows, bits, labels = row_agreement(orch) if not args.bare_only else (0, 0, 0)
+            print(f"{b:>6} {1e3 * bare[b]:>14.4f} {rows:>6} {bits:>14} {labels:>14}")
         print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -52,7 +52,8 @@ class TrainerConfig:
                           "independently with probability participation (a round may have none: it trains nothing)")
     eval_every: int = param(1, ge=1, help="evaluate every k rounds (and always at the last round)")
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
-    eval_batch_size: int = param(1024, ge=1)
+    eval_batch_size: Optional[int] = param(None, ge=1, help="evaluation batch size; null: 128 on a CPU (the "
+                                           "fastest measured there, bench/eval_cost.py), 1024 on a GPU")
     checkpoint_every: int = param(5, ge=0, help="checkpoint every k rounds; 0 = only at the end")
     last_k: int = param(5, ge=1, help="summary reports the mean over the last K evaluations")
     on_divergence: str = param("stop", choices=["stop", "warn"],

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor
 
-from fl.core.batches import augment, batch_indices, one_ahead
+from fl.core.batches import augment, batch_indices, eval_batch_size, one_ahead
 from fl.core.federated_data import FederatedData, Split, rows_to
 from fl.core.metric_directions import LOWER, Directions
 from fl.core.optim import build_optimizer, finetune_lr, round_lr
@@ -394,10 +394,10 @@ class ClientModule:
         """(fn(x), y) for consecutive batches of `split` (default fn: `predict`), in eval mode, without
         gradients and without augmentation unless `data.eval_augment` (then each batch's draws are seeded by
         its position, so any split of the pass over processes draws the same); batches start, start + stride,
-        ... of `batch_size` (`trainer.eval_batch_size`), so processes can share a pass. The train/eval mode is
-        restored once the pass is consumed."""
+        ... of `batch_size` (default: `trainer.eval_batch_size`, null giving the device's, fl/core/batches.py), so
+        processes can share a pass. The train/eval mode is restored once the pass is consumed."""
         fn = fn or self.predict
-        bs = batch_size or self.cfg.trainer.eval_batch_size
+        bs = batch_size or eval_batch_size(self.cfg, self._batch_device())
         was_training = self.training
         self.eval()
         try:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 from omegaconf import DictConfig
 
+from fl.core.batches import eval_batch_size
 from fl.core.client import ClientModule
 from fl.core.federated_data import FederatedData
 from fl.core.global_predictions import PooledPredictions, score_pooled
@@ -53,5 +54,5 @@ class EvalContext(RoundContext):
         context is made every round, and `dataclasses.replace` (the validation view) starts without them."""
         if self._pooled is None or self._pooled.split is not self.data.pooled_test():
             self._pooled = score_pooled(self.fabric, self.module, self.data.pooled_test(), self.load_client,
-                                        self.cfg.trainer.eval_batch_size)
+                                        eval_batch_size(self.cfg, self.fabric.device))
         return self._pooled

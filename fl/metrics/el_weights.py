@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from fl.core import EvalContext, Evaluator, register_evaluator
+from fl.core.batches import eval_batch_size
 from fl.core.metric_directions import LOWER, NEITHER, Directions
 from fl.metrics.system import has_router
 
@@ -47,7 +48,7 @@ class ELWeights(Evaluator):
         ctx.load_client(-1)
         splits = [c.train for c in data.clients]
         sizes = [len(s) for s in splits]
-        M, N, bs = data.num_clients, sum(sizes), ctx.cfg.trainer.eval_batch_size
+        M, N, bs = data.num_clients, sum(sizes), eval_batch_size(ctx.cfg, fabric.device)
         logits = torch.zeros(N, M, dtype=torch.float64, device=fabric.device)
         rank, world, offset = fabric.global_rank, fabric.world_size, 0
         for split in splits:  # batches rank, rank + world, ... of each split

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from fl.core import ClientModule, EvalContext, Evaluator, register_evaluator
+from fl.core.batches import eval_batch_size
 from fl.core.metric_directions import HIGHER, Directions
 
 
@@ -80,7 +81,7 @@ class SystemAccuracy(Evaluator):
         m, fabric, data = ctx.module, ctx.fabric, ctx.data
         if not has_client_models(m):
             return {}
-        device, bs = fabric.device, ctx.cfg.trainer.eval_batch_size
+        device, bs = fabric.device, eval_batch_size(ctx.cfg, fabric.device)
         tests = [c.test for c in data.clients]
         sizes = [len(s) for s in tests]
         if sum(sizes) == 0:

@@ -2,8 +2,9 @@
 import pytest
 import torch
 
+from fl.config import load_config
 from fl.core import augment, batch_indices
-from fl.core.batches import count_batches
+from fl.core.batches import count_batches, eval_batch_size
 from fl.core.seeding import generator
 
 
@@ -13,6 +14,14 @@ def test_batch_indices_epochs_cover_each_sample_once_per_pass():
     assert sorted(torch.cat(seen[:3]).tolist()) == list(range(10))
     marks = [e for e, idx in batch_indices(10, 4, generator(0, 0, 0, "t"), epochs=2) if idx is None]
     assert marks == [0, 1]
+
+
+def test_the_evaluation_batch_size_is_the_devices_unless_set():
+    default = load_config([])
+    assert default.trainer.eval_batch_size is None
+    devices = ("cpu", torch.device("cpu"), "cuda", "cuda:1")
+    assert [eval_batch_size(default, d) for d in devices] == [128, 128, 1024, 1024]
+    assert eval_batch_size(load_config(["trainer.eval_batch_size=7"]), "cuda") == 7
 
 
 def test_batch_indices_steps_counts_steps_across_passes():

@@ -37,6 +37,7 @@ from fl.core import (
     register_method,
     seed_torch,
 )
+from fl.core.batches import eval_batch_size
 from fl.core.metric_directions import HIGHER, LOWER, NEITHER
 from fl.methods.fedmosaic.vote import (
     UNCERTAINTY_SCORES,
@@ -215,7 +216,7 @@ class FedMosaicClient(CoTrainingClient):
 
     def _full_set_losses(self) -> tuple[Tensor, Tensor]:
         """l_priv over all of D_i and l_pseudo over all of P_t with the model at the start of the period."""
-        bs = self.cfg.trainer.eval_batch_size
+        bs = eval_batch_size(self.cfg, self.device)
         losses = []
         for split, labels in ((self.train_split(self.data, self.cid), None), (self.public, self.pseudo)):
             total = torch.zeros((), dtype=torch.float64, device=self.pseudo.device)
