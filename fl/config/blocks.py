@@ -5,6 +5,7 @@ client transform's (data.client_transform.*) and aggregator's (server.aggregator
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import field, fields, make_dataclass
 from functools import cache
 
@@ -70,20 +71,31 @@ def block_class(base: type, plugin: registry.DataPlugin) -> type:
                           bases=(plugin.settings, base))
 
 
-def _evaluator_settings():
-    """One typed block per registered evaluator: evaluators.<name>."""
-    blocks = [(name, cls.Settings, field(default_factory=cls.Settings)) for name, cls in registry.EVALUATORS.items()]
-    return make_dataclass("EvaluatorSettings", blocks)()
-
-
 def schema(picks: dict[str, str]) -> DictConfig:
-    """The structured config of a run with these choices (`chosen`)."""
-    partition = block_class(PartitionConfig, registry.PARTITIONS[picks["data.partition"]])()
-    transform = block_class(ClientTransformConfig, registry.CLIENT_TRANSFORMS[picks["data.client_transform"]])()
-    data = block_class(DataConfig, registry.DATASETS[picks["data"]])(partition=partition, client_transform=transform)
-    aggregator = block_class(AggregatorConfig, registry.AGGREGATORS[picks["server.aggregator"]])()
-    return OmegaConf.structured(Config(method=registry.METHODS[picks["method"]].config_cls(), data=data,
-                                       server=ServerConfig(aggregator=aggregator), evaluators=_evaluator_settings()))
+    """The structured config of a run with these choices (`chosen`): a copy of it, the caller's to change."""
+    return copy.deepcopy(shared_schema(picks))
+
+
+def shared_schema(picks: dict[str, str]) -> DictConfig:
+    """schema(picks) itself, built once per set of chosen classes (building it takes ~50 ms, and a sweep or a
+    reproduction loads hundreds of configs): shared, so never to be changed (OmegaConf.merge copies its first
+    argument)."""
+    return _structured(registry.METHODS[picks["method"]].config_cls, registry.PARTITIONS[picks["data.partition"]],
+                       registry.CLIENT_TRANSFORMS[picks["data.client_transform"]], registry.DATASETS[picks["data"]],
+                       registry.AGGREGATORS[picks["server.aggregator"]], tuple(registry.EVALUATORS.items()))
+
+
+@cache
+def _structured(method: type, partition_plugin, transform_plugin, dataset_plugin, aggregator_plugin,
+                evaluators: tuple) -> DictConfig:
+    partition = block_class(PartitionConfig, partition_plugin)()
+    transform = block_class(ClientTransformConfig, transform_plugin)()
+    data = block_class(DataConfig, dataset_plugin)(partition=partition, client_transform=transform)
+    aggregator = block_class(AggregatorConfig, aggregator_plugin)()
+    settings = make_dataclass("EvaluatorSettings", [(name, cls.Settings, field(default_factory=cls.Settings))
+                                                    for name, cls in evaluators])()
+    return OmegaConf.structured(Config(method=method(), data=data, server=ServerConfig(aggregator=aggregator),
+                                       evaluators=settings))
 
 
 @cache

@@ -7,6 +7,7 @@ Bad input raises `ConfigError` with a one-line message naming the key (and file)
 """
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from fl.config.arms import expand_arms
-from fl.config.blocks import check_choice, chosen, drop_replaced_settings, other_takers, schema
+from fl.config.blocks import check_choice, chosen, drop_replaced_settings, other_takers, schema, shared_schema
 from fl.config.errors import ConfigError, choices_msg, suggest
 from fl.core import registry
 from fl.core.callbacks import CallbackError, EarlyStopping, callback_class
@@ -155,8 +156,34 @@ def check_shapes(node: DictConfig, where: str) -> None:
                                   f"{example} (valid keys: {', '.join(list(at.keys())[:8])})")
 
 
-def load_conf_file(path: Path, seen: tuple = ()) -> DictConfig:
-    """A YAML config; its `include: [NAME, ...]` files (conf/NAME.yaml) are merged first, in order."""
+def load_conf_file(path: Path) -> DictConfig:
+    """A YAML config; its `include: [NAME, ...]` files (conf/NAME.yaml) are merged first, in order. Read once per
+    version of its files (a sweep or a reproduction loads the same configs hundreds of times, ~40 ms each): a copy of
+    the one read last while every file it read holds the same bytes and no plug-in was registered since."""
+    path = Path(path)
+    plugins = tuple(tuple(table.values()) for table in registry.TABLES.values())
+    hit = _READ.get(path)
+    if hit is not None and hit[1] == plugins and all(_bytes(f) == held for f, held in hit[0]):
+        return copy.deepcopy(hit[2])
+    read: list[Path] = []
+    node = _load_conf_file(path, (), read)
+    _READ[path] = (tuple((f, _bytes(f)) for f in read), plugins, copy.deepcopy(node))
+    return node
+
+
+_READ: dict[Path, tuple] = {}  # path -> (the files read and their bytes, the plug-ins registered, the config)
+
+
+def _bytes(path: Path) -> bytes | None:
+    """A file's bytes (its modification time can stay the same through a quick rewrite), None once it is gone."""
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _load_conf_file(path: Path, seen: tuple, read: list[Path]) -> DictConfig:
+    read.append(path)
     if path in seen:
         raise ConfigError(f"include cycle: {' -> '.join(str(p) for p in seen + (path,))}")
     try:
@@ -177,7 +204,7 @@ def load_conf_file(path: Path, seen: tuple = ()) -> DictConfig:
         inc = CONF_DIR / f"{name}.yaml"
         if not inc.is_file():
             raise ConfigError(f"{path}: include {name!r} not found (expected {inc})")
-        parts.append(load_conf_file(inc, seen + (path,)))
+        parts.append(_load_conf_file(inc, seen + (path,), read))
     if not parts:
         return node
     merged = parts[0]
@@ -213,7 +240,7 @@ def parse_argv(argv: list[str]) -> tuple[Optional[str], list[str]]:
 
 def _merge(*sources) -> DictConfig:
     """The sources typed against the schema of what they choose (method, dataset, partition)."""
-    base = schema(chosen(*sources))
+    base = shared_schema(chosen(*sources))  # merge copies it
     try:
         return OmegaConf.merge(base, *sources)
     except OmegaConfBaseException as err:

@@ -196,3 +196,21 @@ def test_an_included_protocol_of_another_method_gives_its_settings_but_not_its_h
     cfg, protocol = load_config([f"conf={conf}"]), load_config(["conf=fedacd_cifar100_dir01_synthetic"])
     assert dict(cfg.method) == {"name": "fedprox", "mu": 0.01}  # FedACD's lam, tau, ... are not FedProx's
     assert cfg.trainer == protocol.trainer and cfg.data == protocol.data and cfg.optim == protocol.optim
+
+
+def test_a_config_file_is_read_again_when_its_bytes_change_and_a_loaded_config_is_the_callers(tmp_path):
+    """load_conf_file keeps what it read; a rewrite of the same size at once (the same modification time on a
+    coarse clock) must still be seen, and changing one loaded config must not change the next."""
+    conf = tmp_path / "mine.yaml"
+    conf.write_text("include: [quickstart]\nseed: 1\n")
+    first = load_config([f"conf={conf}"])
+    conf.write_text("include: [quickstart]\nseed: 2\n")
+    assert load_config([f"conf={conf}"]).seed == 2 and first.seed == 1
+    first.trainer.rounds = 999
+    from fl.config.load import load_conf_file
+    node = load_conf_file(conf)
+    node.trainer.rounds = 998
+    assert load_config([f"conf={conf}"]).trainer.rounds == load_config(["conf=quickstart"]).trainer.rounds != 998
+    conf.unlink()
+    with pytest.raises(ConfigError):
+        load_config([f"conf={conf}"])
