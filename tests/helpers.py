@@ -26,7 +26,8 @@ TINY = ["logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients
         "data.embedded.samples_per_class=40",
         "data.partition.min_client_size=5", "model.width=4", "trainer.rounds=3", "trainer.batch_size=16",
         "trainer.participation=0.5", "trainer.checkpoint_every=2", "trainer.eval_every=1",
-        "evaluators.adaptability.every=1"]  # every evaluator on every round: resuming with more rounds changes nothing
+        "evaluators.adaptability.every=1",  # every evaluator on every round: resuming with more rounds changes nothing
+        "logger.partition_plots=false"]  # 0.3 s a run; the heatmaps' own tests draw them (tests/data/test_heatmaps.py)
 
 def markdown_headings(text: str) -> list[tuple[int, str, int]]:
     """(level, title, line index) of each Markdown heading outside fenced code blocks (a `# comment` in a bash

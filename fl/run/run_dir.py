@@ -101,15 +101,16 @@ def prepare_run_dir(cfg: DictConfig, named: Path | None = None) -> Path:
     return run_dir
 
 
-def log_partition(data, run_dir: Path, wandb_logger) -> None:
-    """partition.json and heatmaps (PNG) in the run directory; on W&B the same images, a table of client
+def log_partition(data, run_dir: Path, wandb_logger, plots: bool = True) -> None:
+    """partition.json and (`plots`) heatmaps (PNG) in the run directory; on W&B the same images, a table of client
     sizes and the partition fingerprint (also recorded in config.yaml and summary.json)."""
     write_partition_info(data, run_dir / "partition.json")
-    paths = partition_heatmaps(data, run_dir)
+    paths = partition_heatmaps(data, run_dir) if plots else []
     if wandb_logger is None:
         return
     wandb_logger.experiment.config.update({"partition_fingerprint": data.fingerprint()}, allow_val_change=True)
-    wandb_logger.log_image(key="data/partition", images=[str(p) for p in paths])
+    if paths:
+        wandb_logger.log_image(key="data/partition", images=[str(p) for p in paths])
     counts = data.label_counts("train")
     rows = [[i, len(c.train), len(c.test), int((counts[i] > 0).sum()),
              data.domain_names[c.domain] if data.domain_names else ""] for i, c in enumerate(data.clients)]

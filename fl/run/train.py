@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str], cleanup: ExitStack) -> int:
     try:
         cfg = load_config(argv)
-        data = build_data(cfg)
+        data = build_data(cfg)  # the run's own input: with the config, 0.24 s for the quickstart (issue 35, idle CPU)
         check_model(cfg, data)
         resume = resume_point(cfg, data)
         if wandb_mode(cfg.logger.wandb.mode) == "online" and not has_wandb_key():
@@ -335,7 +335,10 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
             print(f"resume: {run_dir} has no checkpoint yet (it stopped before its first); starting it afresh",
                   file=sys.stderr)
         jsonl.path.write_text("")
-        log_partition(data, run_dir, wandb_logger)
+        # the run's picture of its split (partition.json and heatmaps): 0.95 s for the quickstart, matplotlib's import
+        # (0.65 s), layout and PNG encoding (bench/fedavg_overhead.py --whole-process: partition_files; idle CPU);
+        # logger.partition_plots=false skips the heatmaps
+        log_partition(data, run_dir, wandb_logger, cfg.logger.partition_plots)
     progress = RoundProgress(cfg.trainer.rounds, orch.start_round, METHODS[cfg.method.name].headline) if (
         fabric.is_global_zero and cfg.logger.progress) else None
     try:

@@ -249,7 +249,7 @@ def test_w_and_b_disabled_before_a_resume_gets_the_checkpointed_rounds_from_metr
 # ---- the dashboard ---------------------------------------------------------------------------------
 def test_dashboard_keys_round_axis_and_no_anonymous_setting(out, monkeypatch):
     fake = FakeWandb(monkeypatch)
-    assert main(args(out, "dash", "offline")) == 0
+    assert main(args(out, "dash", "offline", "logger.partition_plots=true")) == 0
     run_dir = out / "outputs" / "dash"
     (run,) = fake.runs
     assert "anonymous" not in fake.inits[0]  # wandb >= 0.19 warns about it on every run, even as None
