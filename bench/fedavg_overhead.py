@@ -5,13 +5,24 @@
    same order, interleaved over several repeats, and prints the ratio of the medians. Both end with the
    same global model (checked), so they did the same work.
 2. Runs 1000 clients with private heads (FedPer) in a child process and reports its peak memory.
+3. --whole-process: whole processes, interleaved over the repeats: `python -m fl.train`'s work (bench/fl_phases.py:
+   the same entry steps, its wall time split by phase: imports, setup (config, data, Fabric, run directory), training,
+   evaluation, checkpoints, finish, exit) against bench/bare_fedavg.py, bare PyTorch doing the same work (the same
+   clients, rounds, model, data and batches, and one evaluation of the final model giving the same per-client
+   accuracies, checked, the cheapest correct way: one pass over the official test set, gathered by index). The run
+   is FedAvg on the setting of 1. with data.test_split=official, --rounds rounds and one evaluation at the end;
+   fl's own evaluators are off (trainer.evaluators=[]): their diagnostics are work the bare script does not do.
+   Both processes get fl's thread policy (OMP_WAIT_POLICY=PASSIVE unless the environment sets it), so the ratio is
+   the framework's, not the policy's (bench/contention.py measures that).
 
     python bench/fedavg_overhead.py [--rounds 5] [--repeats 5] [--clients-memory 1000] [--device cpu]
+    python bench/fedavg_overhead.py --whole-process [--rounds 6] [--repeats 5]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -24,13 +35,18 @@ import torch.nn.functional as F
 
 from fl.config import load_config
 from fl.core import batch_indices, build_model
+from fl.core.batches import eval_batch_size
 from fl.core.loop import Orchestrator, sample_clients
 from fl.core.registry import METHODS
-from fl.core.seeding import generator, seed_torch
+from fl.core.seeding import derive_seed, generator, seed_torch
 from fl.data import build_data
+from fl.run.cpu_threads import env_for_one_of
 from fl.run.train import make_fabric
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+PHASES = ("imports", "setup", "training", "evaluation", "checkpoints", "finish", "exit")
+BARE_PHASES = ("imports", "load", "training", "evaluation", "exit")
 
 
 def bench_config(tmp: str, rounds: int, device: str) -> list[str]:
@@ -116,6 +132,82 @@ def overhead(rounds: int, repeats: int, device: str) -> dict:
             "max_abs_param_diff": diff, "torch_threads": torch.get_num_threads()}
 
 
+def whole_config(tmp: str, rounds: int) -> list[str]:
+    """The run both processes do: the setting of bench_config, each client tested on its share of the official test
+    split, one evaluation (the last round) and one checkpoint (the last round, as every run writes), no evaluators."""
+    kept = [a for a in bench_config(tmp, rounds, "cpu") if not a.startswith(("trainer.rounds", "trainer.eval_every"))]
+    return kept + [f"trainer.rounds={rounds}", f"trainer.eval_every={rounds}", "trainer.checkpoint_every=0",
+        "data.test_split=official", "trainer.evaluators=[]", "logger.progress=false"]
+
+
+def bare_inputs(cfg, data, path: Path) -> None:
+    """What bench/bare_fedavg.py reads: the run's data, draws and hyperparameters (see its docstring)."""
+    m, t = data.num_clients, cfg.trainer
+    c, h, _ = data.input_shape
+    torch.save({
+        "train": [(client.train.x, client.train.y) for client in data.clients],
+        "test_x": data.global_test.x, "test_y": data.global_test.y,
+        "test_rows": [client.test_rows for client in data.clients], "mean": data.mean, "std": data.std,
+        "sampled": [sample_clients(cfg.seed, r, m, t.participation, t.sampling) for r in range(t.rounds)],
+        "seeds": [[derive_seed(cfg.seed, r, cid, "train") for cid in range(m)] for r in range(t.rounds)],
+        "init_seed": derive_seed(cfg.seed, 0, -1, "init"), "model": (c, h, cfg.model.width, data.num_classes),
+        "lr": cfg.optim.lr, "momentum": cfg.optim.momentum, "batch_size": t.batch_size,
+        "eval_batch_size": eval_batch_size(cfg, "cpu")}, path)
+
+
+def timed_process(args: list[str], name: str) -> tuple[dict, str]:
+    """Runs `python SCRIPT T0 ARGS...` (`args`: SCRIPT, ARGS...; T0: the wall clock now) and returns its phases (the
+    `PHASES {json}` line of its stderr) with `exit` (its end as seen here minus the time it reported returning) and
+    `total`, and its stdout."""
+    start = time.time()
+    done = subprocess.run([sys.executable, args[0], str(start), *args[1:]], cwd=ROOT, env=env_for_one_of(1),
+                          capture_output=True, text=True)
+    end = time.time()
+    if done.returncode != 0:
+        raise SystemExit(f"{name}: exit {done.returncode}\n{done.stderr[-2000:]}")
+    line = next(row for row in reversed(done.stderr.splitlines()) if row.startswith("PHASES "))
+    phases = json.loads(line[len("PHASES "):])
+    phases["exit"] = end - phases.pop("returned_at")
+    phases["total"] = end - start
+    return phases, done.stdout
+
+
+def whole_process(rounds: int, repeats: int, warm_up: bool = True) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        args = whole_config(tmp, rounds)
+        cfg = load_config(args)
+        data = build_data(cfg)  # the data cache the runs read
+        inputs = Path(tmp) / "bare_inputs.pt"
+        bare_inputs(cfg, data, inputs)
+        fl_args = lambda name: [str(BENCH / "fl_phases.py"), *args, f"logger.run_name={name}"]  # noqa: E731
+        bare_args = [str(BENCH / "bare_fedavg.py"), str(inputs)]
+        if warm_up:  # untimed: the files are in the page cache, the data cache is read
+            timed_process(fl_args("warm-up"), "fl")
+            timed_process(bare_args, "bare")
+        fl, bare = [], []
+        for rep in range(repeats):  # alternate which runs first, so drift favours neither
+            order = [("fl", fl), ("bare", bare)] if rep % 2 == 0 else [("bare", bare), ("fl", fl)]
+            for name, results in order:
+                phases, out = timed_process(fl_args(f"r{rep}") if name == "fl" else bare_args, name)
+                results.append(phases)
+                if name == "bare":
+                    accuracy = json.loads(next(r for r in out.splitlines() if r.startswith("ACCURACY "))[9:])
+            row = json.loads((Path(tmp) / f"r{rep}" / "metrics.jsonl").read_text().splitlines()[-1])
+            same = ([row[f"client/{i}/acc"] for i in range(data.num_clients)] == accuracy["clients"]
+                    and abs(row["test/acc_global_micro"] - accuracy["pooled"]) < 1e-6)
+            if not same:
+                raise SystemExit(f"repeat {rep}: fl's per-client accuracies differ from the bare script's: the runs "
+                                 "did not do the same work")
+    median = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
+    parts = {k: statistics.median(r["setup_parts"][k] for r in fl) for k in fl[0]["setup_parts"]}
+    return {"rounds": rounds, "repeats": repeats, "clients": data.num_clients,
+            "official_test": len(data.global_test), "fl": {k: median(fl, k) for k in (*PHASES, "total")},
+            "fl_setup_parts": parts,
+            "bare": {k: median(bare, k) for k in (*BARE_PHASES, "total")},
+            "ratio": median(fl, "total") / median(bare, "total"), "fl_runs": fl, "bare_runs": bare,
+            "same_accuracies": True, "load_average": os.getloadavg()}
+
+
 def memory(num_clients: int, device: str) -> dict:
     """Peak RSS of a child process running FedPer (private heads) on `num_clients` clients."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,7 +236,22 @@ def main() -> None:
     p.add_argument("--clients-memory", type=int, nargs="*", default=[20, 1000])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--whole-process", action="store_true", help="fl's whole process against a bare script's (CPU)")
     args = p.parse_args()
+    if args.whole_process:
+        print(f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
+        w = whole_process(args.rounds, args.repeats)
+        print(f"FedAvg, {w['clients']} clients, small CNN, {w['rounds']} rounds and one evaluation "
+              f"({w['official_test']} official test images), whole processes, median of {w['repeats']}:")
+        print("  fl    " + "  ".join(f"{k} {w['fl'][k]:.2f}" for k in PHASES) + f"  = {w['fl']['total']:.2f} s")
+        print("  fl's setup: " + "  ".join(f"{k} {v:.2f}" for k, v in w["fl_setup_parts"].items()))
+        print("  bare  " + "  ".join(f"{k} {w['bare'][k]:.2f}" for k in BARE_PHASES)
+              + f"  = {w['bare']['total']:.2f} s")
+        print(f"  ratio fl / bare = {w['ratio']:.3f}   (same per-client accuracies: checked every repeat)")
+        print(f"load average {w['load_average'][0]:.2f} at the end")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"whole_process": w}, indent=2))
+        return
     res = {"overhead": overhead(args.rounds, args.repeats, args.device)}
     o = res["overhead"]
     print(f"FedAvg, 20 clients, small CNN, {o['rounds']} rounds x {o['repeats']} repeats on {o['device']} "
