@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
+from fl.config import load_config
 from fl.data.embedded_domains import make_pool
 from fl.models.small import cnn
 
@@ -29,7 +29,7 @@ def normalise(x: torch.Tensor, mean, std) -> torch.Tensor:
 
 def train(x, y, num_classes: int, steps: int, seed: int, args) -> torch.nn.Module:
     torch.manual_seed(seed)
-    model = cnn(SimpleNamespace(width=args.width), tuple(x.shape[1:]), num_classes)
+    model = cnn(load_config([f"model.width={args.width}"]).model, tuple(x.shape[1:]), num_classes)  # fl's defaults
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     gen = torch.Generator().manual_seed(seed)
     done = 0
