@@ -24,21 +24,21 @@ such as the sketch's broken outline, changes only if a value falls within about 
 tests/data/test_generated_bitwise.py checks the bytes under torch's scalar kernels (ATEN_CPU_CAPABILITY=default)
 against the machine's own and against pinned hashes. The pool's mean / std are exact integer sums (fl/data/base.py).
 
-Measured difficulty (measured, not a target; `python bench/embedded_domains_difficulty.py`: the
-framework's `cnn` at width 16, i.e. conv 16 -> conv 32 -> hidden 64; 1000 SGD steps per setting, batch
-32, lr 0.02, momentum 0.9; make_pool defaults, 10 classes x 4 domains, 150 / 50 per class and domain;
-mean ± std over 3 seeds; 2-core CPU, about 4.5 min; make_pool itself takes about 2 s when idle):
-    (i)   pooled train, pooled test: 84.3 ± 1.7 %
-          (per test domain: photo 89.8, sketch 87.8, noisy 70.7, painted 89.0)
-    (ii)  train on photo (domain 0): photo 91.2 ± 0.6, sketch 6.1 ± 2.2, noisy 61.3 ± 1.9,
-          painted 53.0 ± 2.3. Over all train domains: in-domain 80-95, other domains 40-65 on average;
-          sketch and painted (both outlined) transfer to each other best (83-90).
-    (iii) 30 per class of one domain, tested on that domain: 69.4 ± 0.4 on average (photo 75.9,
-          sketch 79.3, noisy 42.1, painted 80.3), against 80-95 with all 150 per class.
-    lr 0.05 without momentum (the framework's default) gives the same picture (1 seed: 83.6; photo ->
-    others 1.0 / 62.4 / 44.6; few-shot 68.8). With lr 0.05 and momentum 0.9 this CNN (no normalisation
-    layers) is unstable: pooled reached only 53.6 and 6 of the 8 single-domain and few-shot runs
-    collapsed to chance (1 seed), so the bench defaults to lr 0.02.
+Measured difficulty (measured, not a target; `python bench/embedded_domains_difficulty.py` at commit c496e73, on the
+float64 generator: the framework's `cnn` at width 16, i.e. conv 16 -> conv 32 -> hidden 64; 1000 SGD steps per
+setting, batch 32, lr 0.02, momentum 0.9; make_pool defaults, 10 classes x 4 domains, 150 / 50 per class and domain;
+mean ± std over 3 seeds; 2-core CPU, about 6 min; make_pool itself takes about 7.5 s):
+    (i)   pooled train, pooled test: 83.8 ± 2.1 %
+          (per test domain: photo 89.2, sketch 90.8, noisy 64.1, painted 91.1)
+    (ii)  train on photo (domain 0): photo 89.5 ± 2.2, sketch 14.3 ± 5.2, noisy 53.8 ± 3.5,
+          painted 61.9 ± 5.4. Over all train domains: in-domain 78-95, other domains 41-70 on average;
+          sketch and painted (both outlined) transfer to each other best (80-89).
+    (iii) 30 per class of one domain, tested on that domain: 70.4 ± 1.7 on average (photo 74.0,
+          sketch 82.6, noisy 39.9, painted 85.0), against 78-95 with all 150 per class.
+    Measured on the float32 generator before it (not repeated since): lr 0.05 without momentum (the framework's
+    default) gave the same picture (1 seed: 83.6; photo -> others 1.0 / 62.4 / 44.6; few-shot 68.8); with lr 0.05
+    and momentum 0.9 this CNN (no normalisation layers) was unstable: pooled reached only 53.6 and 6 of the 8
+    single-domain and few-shot runs collapsed to chance (1 seed), so the bench defaults to lr 0.02.
 """
 from __future__ import annotations
 
