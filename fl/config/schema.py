@@ -52,8 +52,8 @@ class TrainerConfig:
                           "independently with probability participation (a round may have none: it trains nothing)")
     eval_every: int = param(1, ge=1, help="evaluate every k rounds (and always at the last round)")
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
-    eval_batch_size: Optional[int] = param(None, ge=1, help="evaluation batch size; null: 128 on a CPU (the "
-                                           "fastest measured there, bench/eval_cost.py), 1024 on a GPU")
+    eval_batch_size: Optional[int] = param(None, ge=1, help="evaluation batch size; null: 128 on a CPU (within "
+                                           "30% of the fastest measured there, bench/README.md), 1024 on a GPU")
     checkpoint_every: int = param(5, ge=0, help="checkpoint every k rounds; 0 = only at the end")
     last_k: int = param(5, ge=1, help="summary reports the mean over the last K evaluations")
     on_divergence: str = param("stop", choices=["stop", "warn"],
@@ -265,8 +265,9 @@ class LoggerConfig:
     run_name: Optional[str] = param(None, help="defaults to <time>-<method>-<dataset>-s<seed>")
     progress: bool = True
     partition_plots: bool = param(True, help="draw the partition heatmaps (partition_*.png, and on W&B); false skips "
-                                  "them: about 0.3 s a run, and 0.8 s for matplotlib's import, which add up over "
-                                  "many short runs (partition.json is written either way)")
+                                  "them: about 0.3 s a run, and matplotlib's import in the first (0.8 s in all for "
+                                  "the quickstart), which add up over many short runs (partition.json is written "
+                                  "either way)")
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 

@@ -338,9 +338,9 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
             print(f"resume: {run_dir} has no checkpoint yet (it stopped before its first); starting it afresh",
                   file=sys.stderr)
         jsonl.path.write_text("")
-        # the run's picture of its split (partition.json and heatmaps): 0.95 s for the quickstart, matplotlib's import
-        # (0.65 s), layout and PNG encoding (bench/fedavg_overhead.py --whole-process: partition_files; idle CPU);
-        # logger.partition_plots=false skips the heatmaps
+        # the run's picture of its split (partition.json and heatmaps): 0.80-0.95 s for the quickstart, matplotlib's
+        # import, then about 0.3 s of layout and PNG encoding (bench/fedavg_overhead.py --whole-process:
+        # partition_files; idle CPU); logger.partition_plots=false skips the heatmaps
         log_partition(data, run_dir, wandb_logger, cfg.logger.partition_plots)
     progress = RoundProgress(cfg.trainer.rounds, orch.start_round, METHODS[cfg.method.name].headline) if (
         fabric.is_global_zero and cfg.logger.progress) else None
