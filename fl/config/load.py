@@ -21,6 +21,7 @@ from fl.config.blocks import check_choice, chosen, drop_replaced_settings, other
 from fl.config.errors import ConfigError, choices_msg, suggest
 from fl.core import registry
 from fl.core.callbacks import CallbackError, EarlyStopping, callback_class
+from fl.core.eval_schedule import last_k_rounds
 from fl.core.metric_directions import describe, lookup
 from fl.core.plugins import PluginNotFound
 from fl.core.run_metrics import run_directions
@@ -383,10 +384,7 @@ def validate(cfg: DictConfig) -> None:
     if name is not None and (str(name) in ("", ".", "..") or any(c in str(name) for c in "/\\")):
         raise ConfigError(f"logger.run_name={str(name)!r} must be one folder name (no '/', not '..'); the run "
                           "directory is logger.output_dir/<run_name>: set logger.output_dir to move it")
-    after = cfg.finetune.after_round
-    if after is not None and after >= cfg.trainer.rounds:
-        raise ConfigError(f"finetune.after_round={after} leaves no fine-tuning round: it must be < "
-                          f"trainer.rounds={cfg.trainer.rounds}")
+    check_finetune_window(cfg)
     check_unused_settings(cfg, spec)
     if cfg.trainer.local_steps is None and cfg.trainer.local_epochs is None:
         raise ConfigError("trainer.local_epochs and trainer.local_steps are both null; set one of them")
@@ -394,6 +392,27 @@ def validate(cfg: DictConfig) -> None:
             "32-true", "32", "64-true", "64", "bf16-mixed", "16-mixed"):
         raise ConfigError(f"fabric.precision={cfg.fabric.precision!r} is not supported on CPU; "
                           "use 32-true, 64-true, bf16-mixed or 16-mixed")
+
+
+def check_finetune_window(cfg: DictConfig) -> None:
+    """With local fine-tuning rounds (`finetune.after_round`), the summary's mean over the last K evaluations must
+    average fine-tuned models only: a window reaching back before the fine-tuning mixes two different models into
+    one number (the papers that fine-tune report the last rounds, all inside the fine-tuning)."""
+    after = cfg.finetune.after_round
+    if after is None:
+        return
+    t = cfg.trainer
+    if after >= t.rounds:
+        raise ConfigError(f"finetune.after_round={after} leaves no fine-tuning round: it must be < "
+                          f"trainer.rounds={t.rounds}")
+    window = last_k_rounds(cfg)
+    if window[0] < after:
+        inside = sum(r >= after for r in window)
+        raise ConfigError(
+            f"trainer.last_k={t.last_k} averages the evaluations after rounds {', '.join(str(r + 1) for r in window)} "
+            f"(trainer.eval_every={t.eval_every}), but fine-tuning starts after round {after} "
+            f"(finetune.after_round): the summary would mix models from before it; set trainer.last_k<={inside}, or "
+            f"finetune.after_round<={window[0]}")
 
 
 def check_watched(cfg: DictConfig, where: str, node: DictConfig) -> None:

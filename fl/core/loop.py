@@ -27,6 +27,7 @@ from fl.core.callbacks import Callback
 from fl.core.client import ClientModule, Upload
 from fl.core.context import EvalContext, RoundContext
 from fl.core.divergence import Divergence, find_divergence, initial_norm, parameter_norm, reference_loss, squared_norms
+from fl.core.eval_schedule import is_eval_round
 from fl.core.evaluation import Evaluator, evaluate_clients
 from fl.core.exchange import (
                               LocalResult,
@@ -267,7 +268,7 @@ class Orchestrator:
         selected = sampled if finetuning else server.select(rnd, sampled)
         if not selected:  # possible under bernoulli sampling: nothing trains, the server hooks are skipped
             metrics = {"train/clients": 0.0, "comm/bytes_up": 0.0, "comm/bytes_down": 0.0}
-            if self.is_eval_round(rnd):
+            if is_eval_round(self.cfg, rnd):
                 metrics.update(self.evaluate(ctx))
                 fabric.call("on_evaluate", round_ctx, metrics)
             return {k: float(v) for k, v in metrics.items()}
@@ -308,7 +309,7 @@ class Orchestrator:
         metrics = self._train_metrics(results)
         metrics["comm/bytes_up"] = float(sum(r.bytes_up for r in results))
         metrics["comm/bytes_down"] = float(sum(r.bytes_down for r in results))
-        if self.is_eval_round(rnd):
+        if is_eval_round(self.cfg, rnd):
             metrics.update(self.evaluate(ctx))
             fabric.call("on_evaluate", round_ctx, metrics)
         if not finetuning:
@@ -328,10 +329,6 @@ class Orchestrator:
         if self.fabric.is_global_zero:
             print(f"warning: {describe(found)}; trainer.on_divergence=warn: training goes on and summary.json marks "
                   "the run as diverged", file=sys.stderr)
-
-    def is_eval_round(self, rnd: int) -> bool:
-        t = self.cfg.trainer
-        return (rnd + 1) % t.eval_every == 0 or rnd == t.rounds - 1
 
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
         """Every client's model and the global model (fl/core/evaluation.py), then each enabled evaluator; with

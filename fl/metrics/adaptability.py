@@ -34,6 +34,7 @@ from torch import Tensor
 
 from fl.config import param
 from fl.core import EvalContext, Evaluator, register_evaluator
+from fl.core.eval_schedule import is_eval_round
 from fl.core.label_sums import class_sums, label_counts
 from fl.core.metric_directions import HIGHER, LOWER, NEITHER, Directions
 
@@ -135,9 +136,8 @@ class Adaptability(Evaluator):
     def active(self, cfg, rnd: int) -> bool:
         """The loop's evaluation rounds ((round + 1) % eval_every == 0, or the last), thinned to every
         `every` rounds (and the last)."""
-        t = cfg.trainer
-        last = rnd == t.rounds - 1
-        return ((rnd + 1) % t.eval_every == 0 or last) and ((rnd + 1) % self.hp.every == 0 or last)
+        last = rnd == cfg.trainer.rounds - 1
+        return is_eval_round(cfg, rnd) and ((rnd + 1) % self.hp.every == 0 or last)
 
     def on_local_model(self, ctx: EvalContext, cid: int) -> None:
         """Per-class test errors and KL(P || Q) of client cid's freshly trained local model."""

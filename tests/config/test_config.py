@@ -112,7 +112,7 @@ def test_resume_refuses_to_change_the_experiment(tmp_path):
 
 @pytest.mark.parametrize("args", [
     ["state.dir=states", "state.cache_mb=64"],
-    ["finetune.after_round=15", "finetune.lr=0.01", "finetune.schedule=cosine"],
+    ["finetune.after_round=15", "trainer.last_k=2", "finetune.lr=0.01", "finetune.schedule=cosine"],
     ["method.name=fedavg_ft", "finetune.lr=0.01"],  # FedAvg-FT fine-tunes at it before every evaluation
 ])
 def test_settings_that_take_effect_together_load(args):

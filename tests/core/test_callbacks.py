@@ -110,7 +110,7 @@ def test_user_callbacks_are_called_in_order_with_the_rounds_and_narrow_contexts(
     RoundContext (no module, no loop), a round start the round's sampled clients, a checkpoint a written file."""
     recording_callbacks.CALLS.clear()
     entries = ", ".join(f"{{class: tests.recording_callbacks.Recorder, name: {n}}}" for n in "ab")
-    run_tiny(out, f"callbacks=[{entries}]", "finetune.after_round=2", name="calls")
+    run_tiny(out, f"callbacks=[{entries}]", "finetune.after_round=2", "trainer.last_k=1", name="calls")
     cfg = load_config(tiny(out))
     expected = []
     for rnd in range(3):

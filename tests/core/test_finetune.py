@@ -34,19 +34,42 @@ def test_bad_finetune_settings_are_one_line_errors():
         load_config(["method.name=fedavg_ft", "finetune.after_round=1", "trainer.rounds=3"])
 
 
+@pytest.mark.parametrize("rounds, every, last_k, after, ok", [
+    (30, 5, 3, 26, False),   # evaluations after rounds 20, 25, 30: two before the fine-tuning (FedDRM's old twin)
+    (30, 5, 1, 26, True),    # the final evaluation only
+    (30, 5, 2, 24, True),    # after rounds 25 and 30, the 25th the first to fine-tune (after_round counts 0-based)
+    (30, 5, 2, 25, False),   # ... the 25th one round before the fine-tuning
+    (800, 1, 50, 700, True),  # the paper's protocol: the last 50 of the 100 fine-tuning rounds
+    (800, 1, 101, 700, False),
+    (7, 3, 2, 3, True),      # evaluations after rounds 6 and 7 (the last always evaluates), both fine-tuned
+    (7, 3, 3, 3, False),     # ... and after round 3, before it
+])
+def test_the_summarys_last_k_window_lies_inside_the_fine_tuning(rounds, every, last_k, after, ok):
+    """The mean over the last K evaluations averages fine-tuned models only: the evaluation after round r (1-based)
+    has fine-tuned iff r > finetune.after_round."""
+    argv = [f"trainer.rounds={rounds}", f"trainer.eval_every={every}", f"trainer.last_k={last_k}",
+            f"finetune.after_round={after}"]
+    if ok:
+        load_config(argv)
+    else:
+        with pytest.raises(ConfigError, match=r"trainer.last_k=\d+ averages the evaluations after rounds .* the summary "
+                                              r"would mix models from before it; set trainer.last_k<="):
+            load_config(argv)
+
+
 @pytest.mark.slow
 def test_fine_tuning_rounds_leave_the_global_model_and_train_each_client_from_it(tmp_path):
     """FedAvg for 2 rounds then 1 fine-tuning round: the global model is the 2-round run's; each client's model is
     that global model after SGD (a fresh momentum buffer) on its own batches at finetune.lr, computed here by hand."""
     fl_only = run_tiny(tmp_path, *FT, "trainer.rounds=2", name="fl_only")
-    ft = run_tiny(tmp_path, *FT, "trainer.rounds=3", "finetune.after_round=2", "finetune.lr=0.2", name="ft")
+    ft = run_tiny(tmp_path, *FT, "trainer.rounds=3", "finetune.after_round=2", "trainer.last_k=1", "finetune.lr=0.2", name="ft")
     g = global_params(fl_only)
     assert all(torch.equal(g[k], v) for k, v in global_params(ft).items())
     last = read_metrics(ft)[-1]
     assert last["comm/bytes_up"] == 0.0
     assert last["test/acc_global_micro"] == read_metrics(fl_only)[-1]["test/acc_global_micro"]
 
-    cfg = load_config(tiny(tmp_path, *FT, "trainer.rounds=3", "finetune.after_round=2", "finetune.lr=0.2"))
+    cfg = load_config(tiny(tmp_path, *FT, "trainer.rounds=3", "finetune.after_round=2", "trainer.last_k=1", "finetune.lr=0.2"))
     data = build_data(cfg)
     stored = load_ckpt(ft)["clients"]
     for cid in range(data.num_clients):

@@ -94,7 +94,7 @@ def test_fedsam_ft_is_fedsam_then_the_fine_tuning_rounds(out):
     (no sam_loss logged, nothing uploaded) and leaves the global model at FedSAM's."""
     common = ("method.name=fedsam", "trainer.participation=1.0", "trainer.local_steps=2", "trainer.checkpoint_every=0")
     sam = run_tiny(out, *common, "trainer.rounds=1", name="sam")
-    ft = run_tiny(out, *common, "trainer.rounds=2", "finetune.after_round=1", name="ft")
+    ft = run_tiny(out, *common, "trainer.rounds=2", "finetune.after_round=1", "trainer.last_k=1", name="ft")
     g, gft = global_params(sam), global_params(ft)
     assert all(torch.equal(g[k], gft[k]) for k in g)
     first, last = rows(ft)

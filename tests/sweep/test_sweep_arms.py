@@ -16,7 +16,8 @@ from tests.helpers import ROOT
 
 BASE = {
     "program": "fl.train",
-    "command": ["${env}", "python", "-m", "fl.train", "conf=quickstart", "trainer.rounds=4", "${args_no_hyphens}"],
+    "command": ["${env}", "python", "-m", "fl.train", "conf=quickstart", "trainer.rounds=4", "trainer.last_k=1",
+                "${args_no_hyphens}"],
     "method": "grid",
     "metric": {"name": "test/acc_mean_clients", "goal": "maximize"},
     "parameters": {"arm": {"values": ["fedavg_ft", "prox"]},
@@ -38,7 +39,7 @@ def test_arms_are_crossed_with_the_grid_and_each_run_gets_its_arms_overrides():
     assert {(p["arm"], p["optim.lr"]) for p in points} == {(a, lr) for a in ("fedavg_ft", "prox") for lr in (0.01, 0.1)}
     assert "arms.prox" not in sweep.params  # a definition, not a parameter the runs vary
     ft = next(p for p in points if p["arm"] == "fedavg_ft")
-    assert sweep.point_argv(ft) == ["conf=quickstart", "trainer.rounds=4", "method.name=fedavg",
+    assert sweep.point_argv(ft) == ["conf=quickstart", "trainer.rounds=4", "trainer.last_k=1", "method.name=fedavg",
                                     "finetune.after_round=3", f"optim.lr={ft['optim.lr']}"]
     cfg = load_config(sweep.point_argv(next(p for p in points if p["arm"] == "prox")))
     assert cfg.method.name == "fedprox" and cfg.method.mu == 0.5 and cfg.finetune.after_round is None
