@@ -14,6 +14,8 @@ from fl.run.train import make_fabric
 from tests.helpers import global_params, initial_model, load_ckpt, read_metrics, run_tiny, tiny
 
 FT = ["trainer.participation=1.0", "trainer.local_steps=2", "trainer.checkpoint_every=0"]
+# FedAvg for 2 rounds, then 1 fine-tuning round, summarised by that round alone
+FT_ROUNDS = ["trainer.rounds=3", "finetune.after_round=2", "trainer.last_k=1", "finetune.lr=0.2"]
 
 
 def test_finetune_lr_closed_forms():
@@ -52,8 +54,8 @@ def test_the_summarys_last_k_window_lies_inside_the_fine_tuning(rounds, every, l
     if ok:
         load_config(argv)
     else:
-        with pytest.raises(ConfigError, match=r"trainer.last_k=\d+ averages the evaluations after rounds .* the summary "
-                                              r"would mix models from before it; set trainer.last_k<="):
+        with pytest.raises(ConfigError, match=r"trainer.last_k=\d+ averages the evaluations after rounds .* the "
+                                              r"summary would mix models from before it; set trainer.last_k<="):
             load_config(argv)
 
 
@@ -62,14 +64,14 @@ def test_fine_tuning_rounds_leave_the_global_model_and_train_each_client_from_it
     """FedAvg for 2 rounds then 1 fine-tuning round: the global model is the 2-round run's; each client's model is
     that global model after SGD (a fresh momentum buffer) on its own batches at finetune.lr, computed here by hand."""
     fl_only = run_tiny(tmp_path, *FT, "trainer.rounds=2", name="fl_only")
-    ft = run_tiny(tmp_path, *FT, "trainer.rounds=3", "finetune.after_round=2", "trainer.last_k=1", "finetune.lr=0.2", name="ft")
+    ft = run_tiny(tmp_path, *FT, *FT_ROUNDS, name="ft")
     g = global_params(fl_only)
     assert all(torch.equal(g[k], v) for k, v in global_params(ft).items())
     last = read_metrics(ft)[-1]
     assert last["comm/bytes_up"] == 0.0
     assert last["test/acc_global_micro"] == read_metrics(fl_only)[-1]["test/acc_global_micro"]
 
-    cfg = load_config(tiny(tmp_path, *FT, "trainer.rounds=3", "finetune.after_round=2", "trainer.last_k=1", "finetune.lr=0.2"))
+    cfg = load_config(tiny(tmp_path, *FT, *FT_ROUNDS))
     data = build_data(cfg)
     stored = load_ckpt(ft)["clients"]
     for cid in range(data.num_clients):

@@ -58,7 +58,8 @@ def test_a_runs_metrics_are_known_from_the_config_before_it_starts():
     assert fedavg["train/loss"] == LOWER and fedavg["train/clients"] is NEITHER
     assert not [k for k in fedavg if k.startswith(("val/", "server/", "test/system"))]  # no splits, one model
     assert "val/acc_global_balanced" in run_directions(load_config(["data.val_fraction=0.1"]))
-    tuned = run_directions(load_config(["trainer.rounds=4", "finetune.after_round=2", "trainer.last_k=1"]))  # own models from round 2
+    # own models from round 2
+    tuned = run_directions(load_config(["trainer.rounds=4", "finetune.after_round=2", "trainer.last_k=1"]))
     assert tuned["test/system_acc"] == HIGHER and "test/routing_acc" not in tuned
     pals = run_directions(load_config(["conf=fedpals_cifar10_c2_synthetic"]))
     assert pals["val/target_acc"] == HIGHER and pals["server/alpha/*"] is NEITHER and pals["train/prox"] == LOWER
