@@ -90,7 +90,7 @@ def record(results: list[dict], args: argparse.Namespace) -> None:
                 f"(user + system), wall_seconds: its median wall time; {papers}")
     TWIN_SECONDS.write_text(json.dumps({"measured": measured, "how": how, "seconds": cpu, "wall_seconds": wall},
                                        indent=1) + "\n")
-    print(f"wrote {TWIN_SECONDS} ({len(cpu)} points)")
+    print(f"wrote {TWIN_SECONDS} ({len(cpu)} points)", file=sys.stderr)  # stdout is the table
 
 
 def publish(paper: str, args: argparse.Namespace) -> None:
@@ -107,7 +107,7 @@ def publish(paper: str, args: argparse.Namespace) -> None:
     RECORDS.mkdir(parents=True, exist_ok=True)
     (RECORDS / f"{paper}.md").write_text(head + (out / "reproduce.md").read_text())
     (RECORDS / f"{paper}.json").write_text((out / "reproduce.json").read_text())
-    print(f"wrote {RECORDS / (paper + '.md')} and {RECORDS / (paper + '.json')}")
+    print(f"wrote {RECORDS / (paper + '.md')} and {RECORDS / (paper + '.json')}", file=sys.stderr)
 
 
 def main() -> int:
@@ -137,18 +137,18 @@ def main() -> int:
         cpu = sum(t.get("cpu_s") or 0.0 for t in r["runs"].values())
         print(f"| {paper} | {len(r['runs'])} | {duration(r['wall_s'])} | {ok} | {duration(cpu)} | "
               f"{r['load_mean']:.1f} / {r['load_max']:.1f} | {r['exit']} |", flush=True)
+        # each paper as soon as it ends: a long command stopped half-way keeps the papers it finished
+        if args.record:
+            record([r], args)
+        if args.publish:
+            if r["exit"] == 0:
+                publish(r["paper"], args)
+            else:
+                print(f"{r['paper']} exited {r['exit']}: not published", file=sys.stderr)
     if len(results) > 1:
         total = sum(r["wall_s"] for r in results)
         print(f"| all | {sum(len(r['runs']) for r in results)} | {duration(total)} | "
               f"{'within' if total <= BUDGET_ALL else 'OVER'} 2.5 h | | | |")
-    if args.record:
-        record(results, args)
-    if args.publish:
-        for r in results:
-            if r["exit"] == 0:
-                publish(r["paper"], args)
-            else:
-                print(f"{r['paper']} exited {r['exit']}: not published")
     return max(r["exit"] for r in results)
 
 

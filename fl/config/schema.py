@@ -79,7 +79,8 @@ class OptimConfig:
 class FinetuneConfig:
     after_round: Optional[int] = param(None, ge=0, help="rounds from this one on are local fine-tuning: no "
                                        "aggregation, each client trains its own copy of the global model with plain "
-                                       "cross-entropy (FedDRM's FT baselines: 700 of 800 rounds); null = off")
+                                       "cross-entropy (FedDRM's FT baselines: 700 of 800 rounds); the summary's last_k "
+                                       "evaluations must all come after it; null = off")
     lr: Optional[float] = param(None, gt=0.0, help="fine-tuning learning rate (these rounds and FedAvg-FT's "
                                 "fine-tuning before evaluation); null = the rate optim.round_schedule gives the round")
     schedule: str = param("constant", choices=["constant", "cosine"],

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 import bench.reproduce_budget as budget
 
 
@@ -23,3 +25,27 @@ def test_publish_copies_the_output_and_its_record_naming_the_command_and_commit(
     assert "at commit 0123456789ab with uncommitted changes" in first and "tiny.json" in first
     assert md.endswith("# A tiny paper\n\nTwin: ...\n")
     assert json.loads((tmp_path / "bench" / "tiny.json").read_text()) == record
+
+
+def test_a_command_stopped_after_its_first_paper_keeps_that_papers_record_and_output(tmp_path, monkeypatch):
+    """Each paper is recorded and published when it ends, so stopping a 2-hour command half-way loses none of it."""
+    def fake_time_paper(paper, args):
+        if paper != "fedpals":
+            raise KeyboardInterrupt
+        out = args.out / paper / "twin"
+        out.mkdir(parents=True)
+        (out / "reproduce.md").write_text("# FedPALS\n")
+        (out / "reproduce.json").write_text(json.dumps({"paper": paper, "provenance": {"commit": "a" * 40}}))
+        return {"paper": paper, "exit": 0, "wall_s": 60.0, "load_mean": 2.0, "load_max": 2.1,
+                "runs": {"s/p000-x-s0": {"wall_s": 30.0, "cpu_s": 29.0}}}
+
+    monkeypatch.setattr(budget, "time_paper", fake_time_paper)
+    monkeypatch.setattr(budget, "RECORDS", tmp_path / "bench")
+    monkeypatch.setattr(budget, "TWIN_SECONDS", tmp_path / "twin_seconds.json")
+    monkeypatch.setattr("sys.argv", ["reproduce_budget.py", "fedpals", "feddrm", "--record", "--publish",
+                                     "--out", str(tmp_path / "o")])
+    with pytest.raises(KeyboardInterrupt):  # stopped during the second paper
+        budget.main()
+    assert (tmp_path / "bench" / "fedpals.md").read_text().endswith("# FedPALS\n")
+    assert not (tmp_path / "bench" / "feddrm.md").exists()
+    assert json.loads((tmp_path / "twin_seconds.json").read_text())["seconds"] == {"s/p000-x": 29.0}
