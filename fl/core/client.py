@@ -140,6 +140,9 @@ class ClientModule:
     #: whether `personalize` fine-tunes with finetune.lr before evaluating (FedAvg-FT), so finetune.lr is read
     #: without finetune.after_round
     finetunes_for_evaluation: bool = False
+    #: `personalize` changes nothing but the module's tensors (its state_dict) and `persistent` attributes, so one
+    #: evaluation personalises each client once and restores a copy for its later passes (fl/core/personalized.py)
+    reuse_personalized: bool = False
     #: `client_loss` is this class's whole local step (its `training_step` computes `client_loss` and its hooks have
     #: the vmapped counterparts `loss_inputs`, `trains` and `functional_train_end`), so `trainer.parallel_clients`
     #: may train K clients at once by differentiating `client_loss` (fl/core/parallel.py). Set it in the class
@@ -414,7 +417,8 @@ class ClientModule:
 
     def personalize(self) -> Optional[dict[str, float]]:
         """Runs before this client's evaluation (e.g. fine-tuning); its changes are not kept. May return
-        scalars to log as client/<i>/<name> on evaluation rounds."""
+        scalars to log as client/<i>/<name> on evaluation rounds. It must give the same model each time it runs
+        for the same (round, client): seed its draws by (seed, round, client, purpose) (`fit_local` does)."""
         return None
 
     def predict(self, x: Tensor) -> Tensor:

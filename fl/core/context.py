@@ -11,6 +11,7 @@ from fl.core.batches import eval_batch_size
 from fl.core.client import ClientModule
 from fl.core.federated_data import FederatedData
 from fl.core.global_predictions import PooledPredictions, score_pooled
+from fl.core.personalized import PersonalizedModels
 
 if TYPE_CHECKING:  # Lightning loads with the run, not with a method or an evaluator
     from lightning.fabric import Fabric
@@ -43,10 +44,19 @@ class RoundContext:
 @dataclass
 class EvalContext(RoundContext):
     """An evaluator's context: also the process's ClientModule and `load_client(cid)`, which swaps client
-    cid (-1: the global model) into it, as evaluation and training do."""
+    cid (-1: the global model) into it, as evaluation and training do, and `load_personalized(cid)`, which also
+    personalises it."""
     module: ClientModule = None
     load_client: Callable[[int], ClientModule] = None
+    #: the clients personalised in this evaluation, shared with its validation view (`dataclasses.replace`)
+    personalized: PersonalizedModels = field(default_factory=PersonalizedModels, repr=False, compare=False)
     _pooled: Optional[PooledPredictions] = field(default=None, init=False, repr=False, compare=False)
+
+    def load_personalized(self, cid: int) -> dict[str, float]:
+        """Swap client cid in and personalise it (`ClientModule.personalize`) for scoring; returns the scalars it
+        logged. Within one evaluation a method with `reuse_personalized` is personalised once per client and
+        restored on later calls (fl/core/personalized.py)."""
+        return self.personalized.personalize(self.load_client(cid), cid)
 
     def global_predictions(self) -> PooledPredictions:
         """The global model's predicted label for every sample of `data.pooled_test()`, made on the first call of this

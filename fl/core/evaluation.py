@@ -106,8 +106,7 @@ def evaluate_clients(ctx: EvalContext) -> dict[str, float]:
     per_client = GroupedAccuracy(data.num_clients).to(fabric.device)
     logs: dict[int, dict[str, float]] = {}
     for cid in range(fabric.global_rank, data.num_clients, fabric.world_size):
-        ctx.load_client(cid)
-        logs[cid] = m.personalize() or {}
+        logs[cid] = ctx.load_personalized(cid)
         rows = data.pooled_test_rows(cid) if reference is not None else None
         if rows is not None and same_tensors(m, reference):
             rows = rows if isinstance(rows, slice) else rows.to(fabric.device, non_blocking=True)

@@ -333,16 +333,19 @@ class Orchestrator:
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
         """Every client's model and the global model (fl/core/evaluation.py), then each enabled evaluator; with
         validation splits (`data.val_fraction`) the same again on them, as val/* (client/<i>/val_acc)."""
-        metrics = evaluate_clients(ctx)
-        for evaluator in self.evaluators:
-            metrics.update(evaluator.evaluate(ctx))
-        if self.data.has_validation:
-            val_ctx = dataclasses.replace(ctx, data=self.data.validation_view())
-            val = evaluate_clients(val_ctx)
+        try:
+            metrics = evaluate_clients(ctx)
             for evaluator in self.evaluators:
-                if evaluator.on_validation:
-                    val.update(evaluator.evaluate(val_ctx))
-            metrics.update(validation_keys(val))
+                metrics.update(evaluator.evaluate(ctx))
+            if self.data.has_validation:
+                val_ctx = dataclasses.replace(ctx, data=self.data.validation_view())  # shares ctx.personalized
+                val = evaluate_clients(val_ctx)
+                for evaluator in self.evaluators:
+                    if evaluator.on_validation:
+                        val.update(evaluator.evaluate(val_ctx))
+                metrics.update(validation_keys(val))
+        finally:
+            ctx.personalized.clear()  # the evaluation is over: the personalised copies go
         return metrics
 
     # ---- local work ---------------------------------------------------------------------------

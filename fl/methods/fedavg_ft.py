@@ -25,6 +25,7 @@ def _resolve(cfg) -> None:
 
 class FedAvgFTClient(ClientModule):
     finetunes_for_evaluation = True
+    reuse_personalized = True  # fine-tuning changes the parameters only
 
     def personalize(self) -> None:
         if self.hp.finetune_epochs > 0:

@@ -34,6 +34,7 @@ class FedBABUConfig(MethodConfig):
 
 class FedBABUClient(ClientModule):
     needs_backbone = True  # the body and the head are trained apart
+    reuse_personalized = True  # fine-tuning changes the parameters only
     def _set_trainable(self, part: str) -> list:
         """Make only `part` (full / head / body) trainable; returns its parameters."""
         chosen = []

@@ -71,6 +71,7 @@ def hessian_vector_fd(module, params: dict[str, Tensor], v: dict[str, Tensor], x
 
 class PerFedAvgClient(ClientModule):
     metric_directions = {"ce": LOWER}
+    reuse_personalized = True  # the adaptation steps change the parameters only
 
     def __init__(self, cfg, data):
         super().__init__(cfg, data)

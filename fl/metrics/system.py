@@ -121,8 +121,7 @@ class SystemAccuracy(Evaluator):
         votes = None if route is not None else torch.zeros(offsets[-1], K, dtype=torch.float32, device=device)
         routed = None if route is None else routed_queries(route, sizes)
         for c in range(rank, data.num_clients, world):
-            ctx.load_client(c)
-            m.personalize()
+            ctx.load_personalized(c)
             m.eval()
             with torch.no_grad(), fabric.autocast():
                 for j, split in enumerate(tests):

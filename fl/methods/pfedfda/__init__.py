@@ -79,6 +79,7 @@ def _log_prior(module: PFedFDAClient, cid: int) -> Tensor:
 class PFedFDAClient(ClientModule):
     needs_backbone = True  # the body and the head are trained apart
     persistent = ("beta",)  # (beta_mu, beta_cov) of the client's last beta search
+    reuse_personalized = True  # the evaluation head is written into the head's parameters (set_head)
 
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
