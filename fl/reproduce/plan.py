@@ -119,7 +119,7 @@ def build_plan(paper: Paper, tables: list[Table], scale: str, seeds: list[int], 
                     plan.not_run[key] = f"cannot run on the twin: {column.twin_skip[row.method]}"
                     continue
                 if scale == "twin" and not every_cell and not column.in_budget(row.method):
-                    plan.not_run[key] = ("left to --scale paper (or --every-cell): outside the 30-minute twin budget"
+                    plan.not_run[key] = ("left to --scale paper (or --every-cell): outside the 40-minute twin budget"
                                          + (f"; {column.notes[scale]}" if column.notes[scale] else ""))
                     continue
                 found = cell_points(table, column.id, row, scale, cache)

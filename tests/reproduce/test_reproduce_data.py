@@ -59,7 +59,7 @@ def test_the_twin_budget_runs_a_subset_and_names_what_it_leaves(name, tmp_path):
     budget = build_plan(paper, paper.tables, "twin", [0], tmp_path, [])
     assert budget.cells and set(budget.cells) <= set(every.cells)
     for key in set(every.cells) - set(budget.cells):
-        assert "outside the 30-minute twin budget" in budget.not_run[key]
+        assert "outside the 40-minute twin budget" in budget.not_run[key]
         assert not paper.table(key.table).column(key.column).in_budget(key.row)
 
 
