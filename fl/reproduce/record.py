@@ -4,8 +4,9 @@ timings.json.
 reproduce.json holds the cells and verdicts, and the record of every run: its fl.train overrides and seed, a hash of
 its resolved config, its status, its seconds, the value of each cell it was selected for (in the paper's units) and
 its final metrics as summary.json has them; and the provenance: the commit (git rev-parse HEAD, and whether the
-tree had changes), the versions of the packages the numbers depend on, Python and the machine. bench/reproduce/
-PAPER.json is this file of the committed output (bench/reproduce_budget.py --publish copies it there)."""
+tree had changes other than published outputs and timings), the versions of the packages the numbers depend on,
+Python and the machine. bench/reproduce/PAPER.json is this file of the committed output (bench/reproduce_budget.py
+--publish copies it there)."""
 from __future__ import annotations
 
 import hashlib
@@ -47,9 +48,15 @@ def _git(*args: str) -> Optional[str]:
     return proc.stdout if proc.returncode == 0 else None
 
 
+# What a reproduction writes or times, not what its runs read: published outputs beside the tree's code do not make
+# it differ from its commit (bench/reproduce_budget.py publishes each paper as it ends, before the next renders).
+NOT_INPUTS = ("bench/reproduce", "fl/reproduce/twin_seconds.json")
+
+
 def provenance() -> dict:
-    """The commit, whether the tree differs from it, and the versions the numbers depend on."""
-    head, status = _git("rev-parse", "HEAD"), _git("status", "--porcelain")
+    """The commit, whether the tree differs from it (outside NOT_INPUTS), and the versions the numbers depend on."""
+    head = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--", ".", *(f":(exclude){path}" for path in NOT_INPUTS))
     versions = {}
     for name in PACKAGES:
         try:

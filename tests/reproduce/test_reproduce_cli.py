@@ -294,3 +294,28 @@ def test_check_reruns_a_recorded_run_bitwise_and_names_a_changed_value(tmp_path)
     res = run_cli(check, cwd=tmp_path, script=("-m", "fl.reproduce"), timeout=600)
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     assert f"DIFFERS: {checked}: final test/acc_mean_clients: recorded" in res.stdout
+
+
+def test_provenance_is_dirty_for_a_changed_input_not_for_published_outputs(tmp_path, monkeypatch):
+    """bench/reproduce_budget.py publishes each paper as it ends: the next paper's record must not call its tree changed
+    for that, and must for any change a run could read."""
+    from fl.reproduce import record
+
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (tmp_path / "fl" / "reproduce").mkdir(parents=True)
+    (tmp_path / "bench" / "reproduce").mkdir(parents=True)
+    for path in ("fl/method.py", "fl/reproduce/twin_seconds.json", "bench/reproduce/paper.md"):
+        (tmp_path / path).write_text("0\n")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    monkeypatch.setattr(record, "ROOT", tmp_path)
+    assert record.provenance()["dirty"] is False
+    for path in ("fl/reproduce/twin_seconds.json", "bench/reproduce/paper.md", "bench/reproduce/other.json"):
+        (tmp_path / path).write_text("1\n")
+    assert record.provenance()["dirty"] is False
+    (tmp_path / "fl" / "method.py").write_text("1\n")
+    assert record.provenance()["dirty"] is True
+    subprocess.run([*git, "checkout", "-q", "fl/method.py"], check=True)
+    (tmp_path / "conf.yaml").write_text("new\n")  # an untracked input counts too
+    assert record.provenance()["dirty"] is True
