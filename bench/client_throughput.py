@@ -28,12 +28,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from fl.config import load_config  # noqa: E402
 from fl.core.loop import Orchestrator  # noqa: E402
 from fl.core.optim import build_optimizer  # noqa: E402
-from fl.core.registry import METHODS  # noqa: E402
-from fl.data import build_data  # noqa: E402
-from fl.run.train import make_fabric  # noqa: E402
 
 MODELS = {
     "quickstart cnn": ["model.name=cnn", "model.width=16", "data.embedded.channels=1", "data.image_size=16"],
@@ -54,9 +52,7 @@ def config(a, model: list[str], k: int, compiled: bool = False):
 
 def orchestrator(cfg, run_dir: Path) -> Orchestrator:
     torch.compiler.reset()  # compiled code of the previous model or K: its guards would use up the recompile limit
-    data = build_data(cfg)
-    server = METHODS[cfg.method.name].server_cls(cfg)
-    return Orchestrator(cfg, make_fabric(cfg, [server], []), data, server, run_dir)
+    return harness.orchestrator(cfg, run_dir)
 
 
 def sync(device: str) -> None:

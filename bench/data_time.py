@@ -15,19 +15,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from fl.config import load_config
-from fl.core import batch_indices
-from fl.core.loop import Orchestrator, sample_clients
-from fl.core.registry import METHODS
-from fl.core.seeding import generator
-from fl.data import build_data
-from fl.run.train import make_fabric
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.harness import orchestrator  # noqa: E402
+from fl.config import load_config  # noqa: E402
+from fl.core import batch_indices  # noqa: E402
+from fl.core.loop import Orchestrator, sample_clients  # noqa: E402
+from fl.core.seeding import generator  # noqa: E402
 
 
 def data_path(orch: Orchestrator, rnd: int) -> float:
     cfg, t = orch.cfg, orch.cfg.trainer
+    dtype = next(orch.module.parameters()).dtype  # the dtype the client module feeds its model (Fabric's precision)
     start = time.perf_counter()
     for cid in sample_clients(cfg.seed, rnd, orch.data.num_clients, t.participation):
         train = orch.data.clients[cid].train
@@ -35,7 +35,7 @@ def data_path(orch: Orchestrator, rnd: int) -> float:
                                     epochs=t.local_epochs, steps=t.local_steps, drop_last=t.drop_last):
             if idx is not None:
                 idx = idx.to(train.y.device)
-                orch.data.prepare(train.x[idx], orch.dtype), train.y[idx]
+                orch.data.prepare(train.x[idx], dtype), train.y[idx]
     return time.perf_counter() - start
 
 
@@ -45,11 +45,7 @@ def main() -> None:
         argv = list(sys.argv[1:]) + [f"trainer.rounds={rounds + 2}", f"trainer.eval_every={rounds + 2}",
                                              "logger.wandb.mode=disabled", f"data.root={tmp}"]
         cfg = load_config(argv)
-        data = build_data(cfg)
-        server = METHODS[cfg.method.name].server_cls(cfg)
-        fabric = make_fabric(cfg, [server], [])
-        fabric.launch()
-        orch = Orchestrator(cfg, fabric, data, server, Path(tmp))
+        orch = orchestrator(cfg, Path(tmp))
         orch.run_round(0)  # warm-up
         full, dat = [], []
         for rnd in range(1, rounds + 1):
@@ -59,7 +55,7 @@ def main() -> None:
             dat.append(data_path(orch, rnd))
     f, d = statistics.median(full), statistics.median(dat)
     print(f"{cfg.data.name}, {cfg.data.num_clients} clients, participation {cfg.trainer.participation}, "
-          f"batch {cfg.trainer.batch_size}, model {cfg.model.name}, {rounds} rounds on {fabric.device}")
+          f"batch {cfg.trainer.batch_size}, model {cfg.model.name}, {rounds} rounds on {orch.fabric.device}")
     print(f"  round time (median)  {f * 1000:.1f} ms")
     print(f"  data time (median)   {d * 1000:.1f} ms")
     print(f"  data / round         {100 * d / f:.1f} %")

@@ -24,23 +24,24 @@ import argparse
 import contextlib
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from unittest import mock
 
-from fl.run.cpu_threads import sleep_at_barriers
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fl.run.cpu_threads import sleep_at_barriers  # noqa: E402
 
 sleep_at_barriers()  # a run's thread policy (fl/train.py), before torch loads
 
 import torch  # noqa: E402
 
+from bench.harness import orchestrator  # noqa: E402
 from fl.config import load_config  # noqa: E402
 from fl.core import evaluation  # noqa: E402
 from fl.core.loop import Orchestrator  # noqa: E402
-from fl.core.registry import METHODS  # noqa: E402
-from fl.data import build_data  # noqa: E402
-from fl.run.train import make_fabric  # noqa: E402
 
 WORKLOAD = ["method.name=fedavg", "data.test_split=official", "logger.wandb.mode=disabled", "logger.progress=false",
             "trainer.rounds=1", "trainer.eval_every=1"]
@@ -48,11 +49,7 @@ WORKLOAD = ["method.name=fedavg", "data.test_split=official", "logger.wandb.mode
 
 def build(tmp: str, extra: list[str]) -> Orchestrator:
     cfg = load_config([*WORKLOAD, f"logger.output_dir={tmp}", f"data.root={tmp}/data", *extra])
-    data = build_data(cfg)
-    server = METHODS[cfg.method.name].server_cls(cfg)
-    fabric = make_fabric(cfg, [server], [])
-    fabric.launch()
-    orch = Orchestrator(cfg, fabric, data, server, Path(tmp) / "run")
+    orch = orchestrator(cfg, Path(tmp) / "run")
     orch.run_round(0)  # a trained global model; its evaluation is not timed
     return orch
 

@@ -33,17 +33,18 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fl.config import load_config
-from fl.core import batch_indices, build_model
-from fl.core.batches import eval_batch_size
-from fl.core.loop import Orchestrator, sample_clients
-from fl.core.registry import METHODS
-from fl.core.seeding import derive_seed, generator, seed_torch
-from fl.data import build_data
-from fl.run.cpu_threads import env_for_one_of
-from fl.run.train import make_fabric
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.harness import orchestrator  # noqa: E402
+from fl.config import load_config  # noqa: E402
+from fl.core import batch_indices, build_model  # noqa: E402
+from fl.core.batches import eval_batch_size  # noqa: E402
+from fl.core.loop import sample_clients  # noqa: E402
+from fl.core.seeding import derive_seed, generator, seed_torch  # noqa: E402
+from fl.data import build_data  # noqa: E402
+from fl.run.cpu_threads import env_for_one_of  # noqa: E402
+
 BENCH = ROOT / "bench"
 PHASES = ("imports", "setup", "training", "evaluation", "checkpoints", "finish", "exit")
 BARE_PHASES = ("imports", "load", "training", "evaluation", "exit")
@@ -58,10 +59,8 @@ def bench_config(tmp: str, rounds: int, device: str) -> list[str]:
 
 
 def framework_rounds(cfg, data, rounds: int) -> tuple[float, dict]:
-    server = METHODS[cfg.method.name].server_cls(cfg)
-    fabric = make_fabric(cfg, [server], [])
-    fabric.launch()
-    orch = Orchestrator(cfg, fabric, data, server, Path(tempfile.mkdtemp()))
+    orch = orchestrator(cfg, Path(tempfile.mkdtemp()), data)
+    fabric, server = orch.fabric, orch.server
     _sync(fabric.device)
     start = time.perf_counter()
     for rnd in range(rounds):

@@ -19,23 +19,25 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from unittest import mock
 
-from fl.run.cpu_threads import sleep_at_barriers
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fl.run.cpu_threads import sleep_at_barriers  # noqa: E402
 
 sleep_at_barriers()  # a run's thread policy (fl/train.py), before torch loads
 
 import torch  # noqa: E402
 
+from bench.harness import orchestrator  # noqa: E402
 from fl.config import load_config  # noqa: E402
 from fl.core import personalized  # noqa: E402
 from fl.core.loop import Orchestrator  # noqa: E402
 from fl.core.registry import METHODS, load_plugins  # noqa: E402
-from fl.data import build_data  # noqa: E402
-from fl.run.train import make_fabric  # noqa: E402
 
 WORKLOAD = ["conf=feddrm_cifar10_dir03_synthetic", "data.val_fraction=0.1", "logger.wandb.mode=disabled",
             "logger.progress=false", "logger.partition_plots=false", "trainer.rounds=1", "trainer.eval_every=1"]
@@ -44,11 +46,7 @@ WORKLOAD = ["conf=feddrm_cifar10_dir03_synthetic", "data.val_fraction=0.1", "log
 def build(tmp: str, method: str, extra: list[str]) -> Orchestrator:
     cfg = load_config([*WORKLOAD, f"method.name={method}", f"logger.output_dir={tmp}", f"data.root={tmp}/data",
                        *extra])
-    data = build_data(cfg)
-    server = METHODS[cfg.method.name].server_cls(cfg)
-    fabric = make_fabric(cfg, [server], [])
-    fabric.launch()
-    orch = Orchestrator(cfg, fabric, data, server, Path(tmp) / method)
+    orch = orchestrator(cfg, Path(tmp) / method)
     orch.run_round(0)  # a trained model to evaluate; this round's own evaluation is not timed
     return orch
 

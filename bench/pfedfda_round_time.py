@@ -12,12 +12,11 @@ from pathlib import Path
 
 import torch
 
-import fl.methods.pfedfda as P
-from fl.config import load_config
-from fl.core.loop import Orchestrator
-from fl.core.registry import METHODS
-from fl.data import build_data
-from fl.run.train import make_fabric
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import fl.methods.pfedfda as P  # noqa: E402
+from bench.harness import orchestrator  # noqa: E402
+from fl.config import load_config  # noqa: E402
 
 torch.set_num_threads(1)
 TMP = tempfile.mkdtemp(prefix="pfedfda_time_")
@@ -41,10 +40,7 @@ for m in ["fedavg", "pfedfda"]:
                        f"data.train_fraction={sys.argv[2] if len(sys.argv) > 2 else 0.25}",
                        "trainer.eval_every=100000", "trainer.evaluators=[]", f"data.root={TMP}/data",
                        "logger.wandb.mode=disabled", f"trainer.rounds={R}"])
-    data = build_data(cfg)
-    server = METHODS[m].server_cls(cfg)
-    fabric = make_fabric(cfg, [server], [])
-    orchs[m] = Orchestrator(cfg, fabric, data, server, Path(TMP) / m)
+    orchs[m] = orchestrator(cfg, Path(TMP) / m)
 times = {m: [] for m in orchs}
 beta = []
 for rnd in range(R - 1):  # the last round (full participation for pFedFDA, plus evaluation) is left out
