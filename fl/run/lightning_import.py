@@ -11,7 +11,8 @@ What this changes in torchmetrics: its SRMRpy patch (`scipy.signal.hamming`, rem
 as present and is skipped; SRMRpy is not installed with fl.
 
 torch._dynamo is not deferred: Lightning's Fabric wrappers import it, and torch's optimizers load it at their first
-step anyway."""
+step anyway. Nor is matplotlib (0.4-0.8 s, its pyplot): torchmetrics decorates its plot helpers with pyplot's style
+context when it loads, which needs the real module, and fl draws with it in the same run (the partition heatmaps)."""
 from __future__ import annotations
 
 import importlib
