@@ -11,7 +11,8 @@
    clients, rounds, model, data and batches, and one evaluation of the final model giving the same per-client
    accuracies, checked, the cheapest correct way: one pass over the official test set, gathered by index). The run
    is FedAvg on the setting of 1. with data.test_split=official, --rounds rounds and one evaluation at the end;
-   fl's own evaluators are off (trainer.evaluators=[]): their diagnostics are work the bare script does not do.
+   fl's own evaluators are off (trainer.evaluators=[]): their diagnostics are work the bare script does not do; fl
+   runs twice per repeat, its partition heatmaps off (the same diagnostics argument) and on (its default).
    Both processes get fl's thread policy (OMP_WAIT_POLICY=PASSIVE unless the environment sets it), so the ratio is
    the framework's, not the policy's (bench/contention.py measures that).
 
@@ -21,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import statistics
@@ -171,40 +173,55 @@ def timed_process(args: list[str], name: str) -> tuple[dict, str]:
     return phases, done.stdout
 
 
+FL_RUNS = {"fl": [], "fl_plots": ["logger.partition_plots=true"]}  # the bare script's work; and with fl's heatmaps
+
+
 def whole_process(rounds: int, repeats: int, warm_up: bool = True) -> dict:
+    """`repeats` rounds of three processes, their order rotated: fl doing the bare script's work (the partition
+    heatmaps off, as the evaluators: diagnostics the bare script does not draw), fl with its heatmaps (its default),
+    and the bare script. fl's modules are byte-compiled first, as an installed package's are (a machine that sets
+    PYTHONDONTWRITEBYTECODE would otherwise compile them in every process)."""
+    compileall.compile_dir(ROOT / "fl", quiet=1)
     with tempfile.TemporaryDirectory() as tmp:
-        args = whole_config(tmp, rounds)
+        args = [*whole_config(tmp, rounds), "logger.partition_plots=false"]
         cfg = load_config(args)
         data = build_data(cfg)  # the data cache the runs read
         inputs = Path(tmp) / "bare_inputs.pt"
         bare_inputs(cfg, data, inputs)
-        fl_args = lambda name: [str(BENCH / "fl_phases.py"), *args, f"logger.run_name={name}"]  # noqa: E731
-        bare_args = [str(BENCH / "bare_fedavg.py"), str(inputs)]
+        commands = {name: (lambda run, extra=extra: [str(BENCH / "fl_phases.py"), *args, *extra,  # noqa: E731
+                                                     f"logger.run_name={run}"]) for name, extra in FL_RUNS.items()}
+        commands["bare"] = lambda run: [str(BENCH / "bare_fedavg.py"), str(inputs)]  # noqa: E731
         if warm_up:  # untimed: the files are in the page cache, the data cache is read
-            timed_process(fl_args("warm-up"), "fl")
-            timed_process(bare_args, "bare")
-        fl, bare = [], []
-        for rep in range(repeats):  # alternate which runs first, so drift favours neither
-            order = [("fl", fl), ("bare", bare)] if rep % 2 == 0 else [("bare", bare), ("fl", fl)]
-            for name, results in order:
-                phases, out = timed_process(fl_args(f"r{rep}") if name == "fl" else bare_args, name)
-                results.append(phases)
+            for name, command in commands.items():
+                timed_process(command(f"warm-up-{name}"), name)
+        runs = {name: [] for name in commands}
+        for rep in range(repeats):  # rotate which runs first, so drift favours none
+            names = list(commands)[rep % 3:] + list(commands)[:rep % 3]
+            for name in names:
+                phases, out = timed_process(commands[name](f"{name}-{rep}"), name)
+                runs[name].append(phases)
                 if name == "bare":
                     accuracy = json.loads(next(r for r in out.splitlines() if r.startswith("ACCURACY "))[9:])
-            row = json.loads((Path(tmp) / f"r{rep}" / "metrics.jsonl").read_text().splitlines()[-1])
-            same = ([row[f"client/{i}/acc"] for i in range(data.num_clients)] == accuracy["clients"]
-                    and abs(row["test/acc_global_micro"] - accuracy["pooled"]) < 1e-6)
-            if not same:
-                raise SystemExit(f"repeat {rep}: fl's per-client accuracies differ from the bare script's: the runs "
-                                 "did not do the same work")
-    median = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
-    parts = {k: statistics.median(r["setup_parts"][k] for r in fl) for k in fl[0]["setup_parts"]}
-    return {"rounds": rounds, "repeats": repeats, "clients": data.num_clients,
-            "official_test": len(data.global_test), "fl": {k: median(fl, k) for k in (*PHASES, "total")},
-            "fl_setup_parts": parts,
-            "bare": {k: median(bare, k) for k in (*BARE_PHASES, "total")},
-            "ratio": median(fl, "total") / median(bare, "total"), "fl_runs": fl, "bare_runs": bare,
-            "same_accuracies": True, "load_average": os.getloadavg()}
+            for name in FL_RUNS:
+                row = json.loads((Path(tmp) / f"{name}-{rep}" / "metrics.jsonl").read_text().splitlines()[-1])
+                same = ([row[f"client/{i}/acc"] for i in range(data.num_clients)] == accuracy["clients"]
+                        and abs(row["test/acc_global_micro"] - accuracy["pooled"]) < 1e-6)
+                if not same:
+                    raise SystemExit(f"repeat {rep}: {name}'s per-client accuracies differ from the bare script's: "
+                                     "the runs did not do the same work")
+    median = lambda side, key: statistics.median(r[key] for r in runs[side])  # noqa: E731
+    result = {"rounds": rounds, "repeats": repeats, "clients": data.num_clients,
+              "official_test": len(data.global_test), "same_accuracies": True,
+              "bare": {k: median("bare", k) for k in (*BARE_PHASES, "total")}, "bare_runs": runs["bare"],
+              "load_average": os.getloadavg()}
+    for name in FL_RUNS:
+        result[name] = {k: median(name, k) for k in (*PHASES, "total")}
+        result[name + "_setup_parts"] = {k: statistics.median(r["setup_parts"][k] for r in runs[name])
+                                         for k in runs[name][0]["setup_parts"]}
+        result[name + "_runs"] = runs[name]
+        result[name + "_ratio"] = result[name]["total"] / result["bare"]["total"]
+        result[name + "_pair_ratios"] = [f["total"] / b["total"] for f, b in zip(runs[name], runs["bare"])]
+    return result
 
 
 def memory(num_clients: int, device: str) -> dict:
@@ -242,11 +259,16 @@ def main() -> None:
         w = whole_process(args.rounds, args.repeats)
         print(f"FedAvg, {w['clients']} clients, small CNN, {w['rounds']} rounds and one evaluation "
               f"({w['official_test']} official test images), whole processes, median of {w['repeats']}:")
-        print("  fl    " + "  ".join(f"{k} {w['fl'][k]:.2f}" for k in PHASES) + f"  = {w['fl']['total']:.2f} s")
-        print("  fl's setup: " + "  ".join(f"{k} {v:.2f}" for k, v in w["fl_setup_parts"].items()))
-        print("  bare  " + "  ".join(f"{k} {w['bare'][k]:.2f}" for k in BARE_PHASES)
+        for name, label in (("fl", "fl, the bare script's work (heatmaps off)"), ("fl_plots", "fl, its heatmaps on")):
+            print(f"  {label}:\n    " + "  ".join(f"{k} {w[name][k]:.2f}" for k in PHASES)
+                  + f"  = {w[name]['total']:.2f} s")
+            print("    setup: " + "  ".join(f"{k} {v:.2f}" for k, v in w[name + "_setup_parts"].items()))
+        print("  bare PyTorch:\n    " + "  ".join(f"{k} {w['bare'][k]:.2f}" for k in BARE_PHASES)
               + f"  = {w['bare']['total']:.2f} s")
-        print(f"  ratio fl / bare = {w['ratio']:.3f}   (same per-client accuracies: checked every repeat)")
+        for name in FL_RUNS:
+            pairs = ", ".join(f"{r:.2f}" for r in w[name + "_pair_ratios"])
+            print(f"  ratio {name} / bare = {w[name + '_ratio']:.3f}   (per repeat: {pairs})")
+        print("  same per-client accuracies: checked every repeat")
         print(f"load average {w['load_average'][0]:.2f} at the end")
         if args.json:
             Path(args.json).write_text(json.dumps({"whole_process": w}, indent=2))
