@@ -270,9 +270,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str], cleanup: ExitStack) -> int:
     try:
-        # the run's own input: the config 0.30 s (the first load in a process parses the YAML files and builds the
-        # typed schema; later loads reuse both), the data 0.09 s for the quickstart from its cache (idle CPU,
-        # bench/fedavg_overhead.py --whole-process)
+        # the run's own input: the config 0.17 s (the first load in a process imports the plug-ins, parses the YAML
+        # files and builds the typed schema; later loads reuse them), the data 0.08 s for the quickstart from its
+        # cache (bench/fedavg_overhead.py --whole-process)
         cfg = load_config(argv)
         data = build_data(cfg)
         check_model(cfg, data)
@@ -338,9 +338,9 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
             print(f"resume: {run_dir} has no checkpoint yet (it stopped before its first); starting it afresh",
                   file=sys.stderr)
         jsonl.path.write_text("")
-        # the run's picture of its split (partition.json and heatmaps): 0.80-0.95 s for the quickstart, matplotlib's
-        # import, then about 0.3 s of layout and PNG encoding (bench/fedavg_overhead.py --whole-process:
-        # partition_files; idle CPU); logger.partition_plots=false skips the heatmaps
+        # the run's picture of its split (partition.json and heatmaps): 0.6 s for the quickstart, the drawing and PNG
+        # encoding (matplotlib is loaded with Lightning; bench/fedavg_overhead.py --whole-process: partition_files);
+        # logger.partition_plots=false skips the heatmaps
         log_partition(data, run_dir, wandb_logger, cfg.logger.partition_plots)
     progress = RoundProgress(cfg.trainer.rounds, orch.start_round, METHODS[cfg.method.name].headline) if (
         fabric.is_global_zero and cfg.logger.progress) else None
