@@ -340,7 +340,9 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
         jsonl.path.write_text("")
         # the run's picture of its split (partition.json and heatmaps): 0.6 s for the quickstart, the drawing and PNG
         # encoding (matplotlib is loaded with Lightning; bench/fedavg_overhead.py --whole-process: partition_files);
-        # logger.partition_plots=false skips the heatmaps
+        # logger.partition_plots=false skips the heatmaps. With W&B on, its run starts here, at its first use: 2.8 s
+        # more for the quickstart offline, most of it wandb.init importing W&B's launch API, whose pydantic models
+        # scan every loaded module (bench/wandb_cost.py); logger.wandb.mode=disabled skips it
         log_partition(data, run_dir, wandb_logger, cfg.logger.partition_plots)
     progress = RoundProgress(cfg.trainer.rounds, orch.start_round, METHODS[cfg.method.name].headline) if (
         fabric.is_global_zero and cfg.logger.progress) else None
