@@ -188,17 +188,20 @@ def whole_process(rounds: int, repeats: int, warm_up: bool = True) -> dict:
         data = build_data(cfg)  # the data cache the runs read
         inputs = Path(tmp) / "bare_inputs.pt"
         bare_inputs(cfg, data, inputs)
-        commands = {name: (lambda run, extra=extra: [str(BENCH / "fl_phases.py"), *args, *extra,  # noqa: E731
-                                                     f"logger.run_name={run}"]) for name, extra in FL_RUNS.items()}
-        commands["bare"] = lambda run: [str(BENCH / "bare_fedavg.py"), str(inputs)]  # noqa: E731
+        names = [*FL_RUNS, "bare"]
+
+        def command(name: str, run: str) -> list[str]:
+            if name == "bare":
+                return [str(BENCH / "bare_fedavg.py"), str(inputs)]
+            return [str(BENCH / "fl_phases.py"), *args, *FL_RUNS[name], f"logger.run_name={run}"]
+
         if warm_up:  # untimed: the files are in the page cache, the data cache is read
-            for name, command in commands.items():
-                timed_process(command(f"warm-up-{name}"), name)
-        runs = {name: [] for name in commands}
-        for rep in range(repeats):  # rotate which runs first, so drift favours none
-            names = list(commands)[rep % 3:] + list(commands)[:rep % 3]
             for name in names:
-                phases, out = timed_process(commands[name](f"{name}-{rep}"), name)
+                timed_process(command(name, f"warm-up-{name}"), name)
+        runs = {name: [] for name in names}
+        for rep in range(repeats):  # rotate which runs first, so drift favours none
+            for name in names[rep % len(names):] + names[:rep % len(names)]:
+                phases, out = timed_process(command(name, f"{name}-{rep}"), name)
                 runs[name].append(phases)
                 if name == "bare":
                     accuracy = json.loads(next(r for r in out.splitlines() if r.startswith("ACCURACY "))[9:])

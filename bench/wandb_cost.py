@@ -29,8 +29,10 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
     runs = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as tmp:
-        command = lambda mode, name: [str(BENCH / "fl_phases.py"), f"logger.wandb.mode={mode}",  # noqa: E731
-                                      f"logger.output_dir={tmp}", "logger.progress=false", f"logger.run_name={name}"]
+        def command(mode: str, name: str) -> list[str]:
+            return [str(BENCH / "fl_phases.py"), f"logger.wandb.mode={mode}", f"logger.output_dir={tmp}",
+                    "logger.progress=false", f"logger.run_name={name}"]
+
         timed_process(command("disabled", "warm-up"), "warm-up")  # untimed: the data cache is built and read
         for rep in range(args.repeats):
             for mode in MODES if rep % 2 == 0 else MODES[::-1]:  # alternate the order, so drift favours neither
