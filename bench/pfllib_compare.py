@@ -15,6 +15,7 @@ requirements (scikit-learn, h5py, calmsize, ujson and torch; default: this one).
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import statistics
 import subprocess
@@ -80,6 +81,7 @@ def main() -> None:
     if not (system / "main.py").is_file():
         print(f"--pfllib: {args.pfllib} has no system/main.py; give a checkout of PFLlib", file=sys.stderr)
         raise SystemExit(2)
+    compileall.compile_dir(ROOT / "fl", quiet=1)  # as an installed package is (bench/fedavg_overhead.py)
     print(f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         base = fl_args(tmp, args.rounds)

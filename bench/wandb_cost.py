@@ -8,6 +8,7 @@ table are its first rows).
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import statistics
 import sys
@@ -26,6 +27,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
+    compileall.compile_dir(ROOT / "fl", quiet=1)  # as an installed package is (bench/fedavg_overhead.py)
     print(f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
     runs = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as tmp:
