@@ -75,6 +75,13 @@ class Uploads:
                                "needs each one sets needs_every_upload = True")
         return self._clients
 
+    def reference(self) -> dict[str, Tensor]:
+        """What the clients uploaded, for its keys, shapes and dtypes: one upload, or the streamed mean ({}: the round
+        had no uploads)."""
+        if self.keep_each:
+            return self._clients[0].params if self._clients else {}
+        return self._mean or {}
+
     def mean(self) -> dict[str, Tensor]:
         """The weighted mean, float64-summed; integer tensors (counters) take their maximum. When every upload was
         kept it is summed here in client order, on the device, as one process sums its clients."""

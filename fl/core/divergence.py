@@ -22,7 +22,7 @@ GROWTH = 1e3  # three orders of magnitude
 class Divergence:
     """Where a run diverged first; summary.json's `diverged` entry (round, client, method, reason)."""
     round: int
-    client: int
+    client: Optional[int]  # None: the server's step (its aggregate), not a client
     method: str
     reason: str
 

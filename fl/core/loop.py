@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from fl.core.aggregate_check import check_aggregate
 from fl.core.aggregation import Uploads
 from fl.core.callbacks import Callback
 from fl.core.client import ClientModule, Upload
@@ -30,13 +31,13 @@ from fl.core.divergence import Divergence, find_divergence, initial_norm, parame
 from fl.core.eval_schedule import is_eval_round
 from fl.core.evaluation import Evaluator, evaluate_clients
 from fl.core.exchange import (
-                              LocalResult,
-                              all_finite,
-                              exchange,
-                              gather_objects,
-                              gather_to_zero,
-                              payload_bytes,
-                              to_cpu,
+    LocalResult,
+    all_finite,
+    exchange,
+    gather_objects,
+    gather_to_zero,
+    payload_bytes,
+    to_cpu,
 )
 from fl.core.federated_data import FederatedData
 from fl.core.metric_directions import LOWER, NEITHER, Directions
@@ -84,7 +85,9 @@ NON_FINITE = "non-finite loss or parameters"
 
 
 def non_finite(where: Divergence) -> TrainingFault:
-    """The non-finite guard's stop: the message names the method, client and round."""
+    """The non-finite guard's stop: the message names the method, client (or the server's aggregate) and round."""
+    if where.client is None:
+        return TrainingFault(f"{where.reason} in method '{where.method}', round {where.round}", where)
     return TrainingFault(f"{where.reason} in method '{where.method}', client {where.client}, round {where.round}",
                          where)
 
@@ -303,7 +306,11 @@ class Orchestrator:
             self._memory_checked = True
             self.warn_if_states_outgrow_memory()
         if not finetuning:
-            aggregated = server.aggregate(uploads.gathered(fabric, mean))
+            gathered = uploads.gathered(fabric, mean)
+            aggregated = server.aggregate(gathered)
+            fault = check_aggregate(aggregated, gathered, server, rnd)
+            if fault is not None:
+                raise non_finite(fault)
             fabric.call("server_step", round_ctx, aggregated, {r.cid: r.message for r in results})
 
         metrics = self._train_metrics(results)

@@ -78,7 +78,7 @@ def module_file(module: str) -> str:
         except Exception:  # a parent package that itself fails to import
             spec = None
         path = spec.origin if spec is not None and spec.origin not in (None, "built-in") else None
-    return module if path is None else _short(path)
+    return module if path is None else short_path(path)
 
 
 def one_line(err: BaseException, file: str) -> str:
@@ -92,11 +92,11 @@ def one_line(err: BaseException, file: str) -> str:
         frames = [f for f in traceback.extract_tb(err.__traceback__) if "importlib" not in f.filename]
         path, line = (frames[-1].filename, frames[-1].lineno) if frames else (None, None)
         text = (str(err).splitlines() or [""])[0][:200]
-    where = "" if path is None else f" (line {line})" if _same(path, file) else f" ({_short(path)}, line {line})"
+    where = "" if path is None else f" (line {line})" if _same(path, file) else f" ({short_path(path)}, line {line})"
     return f"{type(err).__name__}: {text}{where}" if text else f"{type(err).__name__}{where}"
 
 
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
     """`path` relative to the working directory when under it, else as it is."""
     try:
         rel = os.path.relpath(path)

@@ -100,5 +100,6 @@ def format_summary(summary: dict, own: Sequence[str] = ()) -> str:
         lines.append(f"per round (mean of the last {n} round{'s' if n != 1 else ''}): {', '.join(per_round)}")
     if "diverged" in summary:  # last: the numbers above are a diverged run's (warn) or end where it stopped (stop)
         d = summary["diverged"]
-        lines.append(f"DIVERGED at client {d['client']}, round {d['round']}: {d['reason']}")
+        at = "the server's aggregate" if d.get("client") is None else f"client {d['client']}"
+        lines.append(f"DIVERGED at {at}, round {d['round']}: {d['reason']}")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from fl.config import CONF_DIR, ConfigError, config_diff, expand_arms, load_conf
 from fl.config.blocks import plugin_choices
 from fl.config.load import ABSENT, added_key_message, import_argv_plugins
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
+from fl.core.aggregate_check import AggregatorFault
 from fl.core.callbacks import CallbackError, make_callbacks
 from fl.core.exchange import gather_objects
 from fl.core.loop import Diverged
@@ -364,6 +365,10 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
                 f" (to train on regardless: python -m fl.train resume={run_dir} trainer.on_divergence=warn)"
                 if isinstance(err, Diverged) and orch.ckpt_path.is_file() else "")
         return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1  # one message, not one per process
+    except AggregatorFault as err:  # a fault in the aggregator's code: its result is never used
+        kept = (f"the last good checkpoint is {orch.ckpt_path}" if orch.ckpt_path.is_file() else
+                "no checkpoint was written yet")
+        return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1
     except DamagedImages as err:  # a memory-mapped cache changed in place since it was built (fl/data/cache.py)
         kept = (f"the last good checkpoint is {orch.ckpt_path}: continue with python -m fl.train resume={run_dir}"
                 if orch.ckpt_path.is_file() else "no checkpoint was written yet: run the command again")

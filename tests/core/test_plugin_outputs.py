@@ -1,0 +1,89 @@
+"""What a plug-in returns is checked where fl receives it (issue 47 item 1): an aggregator's result (type, keys,
+shapes, dtypes, finite values) and a dataset's Pool, each fault in one line naming the component and its file."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from fl.core import plugins, registry
+from fl.run.train import main
+from tests.helpers import read_metrics, tiny
+
+# what a faulty aggregator returns, given the uploads' mean `m` -> what the error line says
+AGGREGATES = {
+    "none": ("None", "returned NoneType, not a dict of torch tensors"),
+    "numpy": ("{k: v.cpu().numpy() for k, v in m.items()}", "returned numpy.ndarray for "),
+    "missing": ("dict(list(m.items())[1:])", "returned no tensor for 1 of the "),
+    "extra": ("{**m, 'zz_extra': torch.zeros(1)}", "returned 1 key the clients did not upload (first: 'zz_extra')"),
+    "shape": ("{k: v.reshape(-1) if v.dim() > 1 else v for k, v in m.items()}", "of shape ("),
+    "dtype": ("{k: v.double() if v.is_floating_point() else v for k, v in m.items()}", "as float64; the uploads' is "
+              "float32"),
+}
+
+
+@pytest.fixture
+def isolated_registry(monkeypatch, tmp_path):
+    """The tables as they were, and tmp_path importable: what a test registers (zz_*) is gone afterwards."""
+    registry.load_plugins()
+    saved, modules = {kind: dict(table) for kind, table in registry.TABLES.items()}, set(sys.modules)
+    monkeypatch.setattr(plugins, "FAILED", {})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for kind, table in registry.TABLES.items():
+        table.clear()
+        table.update(saved[kind])
+    for name in [n for n in set(sys.modules) - modules if n.startswith("zz_")]:
+        del sys.modules[name]
+
+
+def aggregator_file(tmp_path, name: str, result: str, at_round: int = 0) -> str:
+    """A plug-in module registering aggregator `name` that returns the mean from round `at_round` on as `result`."""
+    (tmp_path / f"{name}.py").write_text(
+        "import torch\n\nfrom fl.core.registry import register_aggregator\n\n\n"
+        f"@register_aggregator({name!r})\n"
+        "def agg(uploads, start, s):\n"
+        "    m = uploads.mean()\n"
+        f"    return m if _round() < {at_round} else {result}\n\n\n"
+        "_calls = [0]\n\n\n"
+        "def _round():\n"
+        "    _calls[0] += 1\n"
+        "    return _calls[0] - 1\n")
+    return name
+
+
+@pytest.mark.parametrize("fault", sorted(AGGREGATES))
+def test_an_aggregate_of_the_wrong_structure_stops_the_run_naming_the_aggregator(fault, tmp_path, capsys,
+                                                                                 isolated_registry):
+    name = aggregator_file(tmp_path, f"zz_agg_{fault}", AGGREGATES[fault][0])
+    code = main(tiny(tmp_path, f"plugins=[{name}]", f"server.aggregator.name={name}", "trainer.rounds=2",
+                     "logger.run_name=run"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert len(err) == 1 and err[0].startswith(f"error: server.aggregator.name={name!r} ({tmp_path / name}.py:6) "), err
+    assert AGGREGATES[fault][1] in err[0] and "(round 0)" in err[0], err
+    assert not (tmp_path / "outputs" / "run" / "summary.json").exists()  # nothing scored on its result
+
+
+def test_non_finite_aggregates_stop_the_run_and_no_number_is_scored_on_them(tmp_path, capsys, isolated_registry):
+    name = aggregator_file(tmp_path, "zz_agg_nan", "{k: v * float('nan') if v.is_floating_point() else v "
+                                                   "for k, v in m.items()}", at_round=1)
+    code = main(tiny(tmp_path, f"plugins=[{name}]", f"server.aggregator.name={name}", "trainer.rounds=3",
+                     "logger.run_name=run"))
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert f"error: server.aggregator.name={name!r} ({tmp_path / name}.py:6) returned non-finite values in " in err
+    assert "round 1" in err
+    run = tmp_path / "outputs" / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["diverged"]["round"] == 1 and summary["diverged"]["client"] is None
+    assert "DIVERGED at the server's aggregate, round 1" in out
+    assert [row["round"] for row in read_metrics(run)] == [0]  # round 1 was never committed nor evaluated
+
+
+def test_the_built_in_aggregators_pass_the_check(tmp_path, isolated_registry):
+    for name in ("mean", "median", "trimmed_mean", "krum", "geometric_median", "norm_clip"):
+        settings = ["server.aggregator.f=0"] if name == "krum" else []  # tiny trains 3 clients a round
+        assert main(tiny(tmp_path, f"server.aggregator.name={name}", *settings, "trainer.rounds=1",
+                         f"logger.run_name={name}")) == 0, name
