@@ -7,7 +7,6 @@ Non-finite values stop the run as the non-finite guard does for a client (summar
 aggregator and the round; a run is never evaluated on them."""
 from __future__ import annotations
 
-import inspect
 from typing import Optional
 
 import torch
@@ -22,22 +21,13 @@ class AggregatorFault(RuntimeError):
     """An aggregate of the wrong type, keys, shapes or dtypes: a fault in the code that returned it."""
 
 
-def code_location(fn) -> str:
-    """`path:line` of a function's definition (the path relative to the working directory when under it)."""
-    fn = inspect.unwrap(fn)
-    try:
-        return f"{plugins.short_path(inspect.getsourcefile(fn) or '?')}:{fn.__code__.co_firstlineno}"
-    except (TypeError, AttributeError):  # a builtin or a callable object without code
-        return getattr(fn, "__module__", "?")
-
-
 def aggregator_label(server) -> str:
     """The component whose result is checked: the chosen aggregator, or the method's own `aggregate`."""
     from fl.core.server import Server  # the server imports this module's caller, not this module
 
     if type(server).aggregate is Server.aggregate:
-        return f"server.aggregator.name={server.aggregation.name!r} ({code_location(server.aggregator.fn)})"
-    return f"method.name={server.cfg.method.name!r}'s aggregate ({code_location(type(server).aggregate)})"
+        return f"server.aggregator.name={server.aggregation.name!r} ({plugins.code_location(server.aggregator.fn)})"
+    return f"method.name={server.cfg.method.name!r}'s aggregate ({plugins.code_location(type(server).aggregate)})"
 
 
 def structure_problem(result, reference: Optional[dict[str, Tensor]]) -> Optional[str]:

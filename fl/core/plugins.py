@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import pkgutil
 import sys
@@ -68,6 +69,12 @@ def origin(kind: str, name: str) -> Optional[str]:
     return ORIGINS.get((kind, name))
 
 
+def outside(kind: str, name: str) -> bool:
+    """Whether `name` was registered by a module outside fl (a plug-in from `plugins=` or an installed package)."""
+    module = origin(kind, name)
+    return module is not None and module != "fl" and not module.startswith("fl.")
+
+
 def module_file(module: str) -> str:
     """Where a module's source is, relative to the working directory when under it (as a user would type it)."""
     found = sys.modules.get(module)
@@ -94,6 +101,15 @@ def one_line(err: BaseException, file: str) -> str:
         text = (str(err).splitlines() or [""])[0][:200]
     where = "" if path is None else f" (line {line})" if _same(path, file) else f" ({short_path(path)}, line {line})"
     return f"{type(err).__name__}: {text}{where}" if text else f"{type(err).__name__}{where}"
+
+
+def code_location(fn) -> str:
+    """`path:line` of a function's definition (the path relative to the working directory when under it)."""
+    fn = inspect.unwrap(fn)
+    try:
+        return f"{short_path(inspect.getsourcefile(fn) or '?')}:{fn.__code__.co_firstlineno}"
+    except (TypeError, AttributeError):  # a builtin or a callable object without code
+        return getattr(fn, "__module__", "?")
 
 
 def short_path(path: str) -> str:

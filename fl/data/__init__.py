@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from fl.config import ConfigError
-from fl.core import ClientData, FederatedData, Split, Target
+from fl.core import ClientData, FederatedData, Split, Target, plugins
 from fl.core.registry import DATASETS
 from fl.data import augment, client_transforms, partitions, sources  # noqa: F401  (fill the registry)
 from fl.data.base import DataError, Pool, check_pool
@@ -15,6 +15,15 @@ from fl.data.federate import federate
 __all__ = ["ClientData", "DataError", "FederatedData", "Pool", "Split", "Target", "build_data"]
 
 
+def dataset_label(d: DictConfig) -> str:
+    """How a message names the dataset: its files for `arrays`, else data.name and, for a plug-in from outside fl,
+    the file and line of its function."""
+    if d.name == "arrays":
+        return str(d.root)
+    where = f"data.name={d.name!r}"
+    return where + (f" ({plugins.code_location(DATASETS[d.name].fn)})" if plugins.outside("dataset", d.name) else "")
+
+
 def build_data(cfg: DictConfig) -> FederatedData:
     seed = cfg.data.partition.seed if cfg.data.partition.seed is not None else cfg.seed
     d = cfg.data
@@ -22,5 +31,5 @@ def build_data(cfg: DictConfig) -> FederatedData:
     if d.cache == "mmap" and not pool.train.mapped:
         raise ConfigError(f"data.cache=mmap: data.name={d.name!r} is read into memory (no image cache); memory-mapped "
                           f"are {', '.join(MAPPED)}; use data.cache=auto or memory")
-    check_pool(pool, str(d.root) if d.name == "arrays" else f"data.name={d.name!r}")  # before any run dir exists
+    check_pool(pool, dataset_label(d))  # before any run dir exists
     return federate(pool, d, seed)

@@ -3,6 +3,7 @@ dataset is reported."""
 from __future__ import annotations
 
 import contextlib
+import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,8 +60,9 @@ class Pool:
     fine_labels: Optional[tuple[Tensor, Optional[Tensor]]] = None  # (train, test) finer labels, e.g. CIFAR-100's
 
     def __post_init__(self):
-        x = self.train.x
-        if self.mean is None and self.std is None and x.dtype == torch.uint8 and x.dim() == 4:
+        x = getattr(self.train, "x", None)  # check_contract names a malformed pool when it is loaded
+        if (self.mean is None and self.std is None and isinstance(x, (Tensor, MappedImages))
+                and x.dtype == torch.uint8 and x.dim() == 4):
             self.mean, self.std = (DEFAULT_MEAN,) * x.shape[1], (DEFAULT_STD,) * x.shape[1]
 
 
@@ -139,10 +141,61 @@ def check_layout(pool: Pool, where: str) -> None:
                           f"{channels} values each, or neither (0.5 each)")
 
 
+def _kind(value) -> str:
+    return "None" if value is None else f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")
+
+
+def check_contract(pool, where: str) -> None:
+    """What a dataset plug-in returns, as Pool's fields declare it: types, lengths, label dtype and rank, finite
+    mean/std, one class name per class, one domain id per sample within its names; one line naming `where` (the
+    dataset and, for an outside plug-in, its file) otherwise, before the data is split or drawn."""
+    if not isinstance(pool, Pool):
+        raise ConfigError(f"{where}: returned {_kind(pool)}, not a fl.data.Pool")
+    if not isinstance(pool.num_classes, int) or isinstance(pool.num_classes, bool) or pool.num_classes < 1:
+        raise ConfigError(f"{where}: num_classes={pool.num_classes!r}; it must be a positive int")
+    for name, split in (("train", pool.train), ("test", pool.test)):
+        if split is None and name == "test":
+            continue
+        if not isinstance(split, Split):
+            raise ConfigError(f"{where}: {name} is {_kind(split)}, not a fl.data.Split(x, y[, domain])")
+        xk, yk, dk = ("x", "y", "domain") if name == "train" else ("x_test", "y_test", "domain_test")
+        if not isinstance(split.x, (Tensor, MappedImages)):
+            raise ConfigError(f"{where}: {xk} is {_kind(split.x)}, not a torch.Tensor (torch.from_numpy converts an "
+                              "array)")
+        if not isinstance(split.y, Tensor):
+            raise ConfigError(f"{where}: {yk} is {_kind(split.y)}, not a torch.Tensor (torch.from_numpy converts an "
+                              "array)")
+        if split.y.dim() != 1 or split.y.dtype.is_floating_point or split.y.dtype in (torch.bool, torch.complex64):
+            raise ConfigError(f"{where}: {yk} is {str(split.y.dtype).removeprefix('torch.')} of shape "
+                              f"{tuple(split.y.shape)}; labels are one integer class id per sample, int64 of shape "
+                              "[N] (y.long(), or y.argmax(1) for one-hot rows)")
+        if split.x.shape[0] != split.y.shape[0]:
+            raise ConfigError(f"{where}: {xk} has {split.x.shape[0]} samples and {yk} {split.y.shape[0]}; every "
+                              "sample needs one label")
+        if split.domain is not None:
+            if not isinstance(split.domain, Tensor) or split.domain.dim() != 1 or split.domain.dtype.is_floating_point:
+                raise ConfigError(f"{where}: {dk} is {_kind(split.domain)}; domain ids are an integer torch.Tensor of "
+                                  "shape [N]")
+            if split.domain.shape[0] != split.y.shape[0]:
+                raise ConfigError(f"{where}: {dk} has {split.domain.shape[0]} entries for {split.y.shape[0]} "
+                                  "samples; one domain id per sample")
+            if len(split.domain) and (int(split.domain.min()) < 0 or
+                                      (pool.domain_names and int(split.domain.max()) >= len(pool.domain_names))):
+                raise ConfigError(f"{where}: {dk} holds ids outside [0, {len(pool.domain_names)}), the domain_names "
+                                  f"{list(pool.domain_names)}")
+    if pool.class_names and len(pool.class_names) != pool.num_classes:
+        raise ConfigError(f"{where}: {len(pool.class_names)} class_names for num_classes={pool.num_classes}; give one "
+                          "name per class, or none")
+    for key, values in (("mean", pool.mean), ("std", pool.std)):
+        if values is not None and not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            raise ConfigError(f"{where}: {key}={list(values)}; each channel's must be a finite number")
+
+
 def check_pool(pool: Pool, where: str) -> None:
     """Refuse data faults when the data is loaded, in one line naming `where` (the file or data.name): left in,
     they surface later as some method's failure (a NaN pixel trains silently, inf gives a non-finite loss,
     one class crashes the metrics, a label id of 10**9 sizes an evaluator's buffer by it)."""
+    check_contract(pool, where)
     check_layout(pool, where)
     K = pool.num_classes
     for xk, yk, split in (("x", "y", pool.train), ("x_test", "y_test", pool.test)):

@@ -87,3 +87,55 @@ def test_the_built_in_aggregators_pass_the_check(tmp_path, isolated_registry):
         settings = ["server.aggregator.f=0"] if name == "krum" else []  # tiny trains 3 clients a round
         assert main(tiny(tmp_path, f"server.aggregator.name={name}", *settings, "trainer.rounds=1",
                          f"logger.run_name={name}")) == 0, name
+
+
+# a dataset fault: the Pool(...) its plug-in returns (x, y, names as below) -> what the error line says
+POOLS = {
+    "short_labels": ("Pool('zz', Split(x, y[:190]), None, 4)", "x has 200 samples and y 190; every sample needs"),
+    "float_labels": ("Pool('zz', Split(x, y.float()), None, 4)", "y is float32 of shape (200,); labels are one"),
+    "one_hot": ("Pool('zz', Split(x, torch.nn.functional.one_hot(y, 4)), None, 4)", "of shape (200, 4); labels"),
+    "numpy_x": ("Pool('zz', Split(x.numpy(), y), None, 4)", "x is numpy.ndarray, not a torch.Tensor"),
+    "none": ("None", "returned None, not a fl.data.Pool"),
+    "class_names": ("Pool('zz', Split(x, y), None, 4, class_names=['a', 'b'])", "2 class_names for num_classes=4"),
+    "nan_mean": ("Pool('zz', Split(x, y), None, 4, mean=(0.5, float('nan'), 0.5), std=(0.5,) * 3)",
+                 "mean=[0.5, nan, 0.5]; each channel's must be a finite number"),
+    "short_domain": ("Pool('zz', Split(x, y, torch.arange(197) % 2), None, 4, domain_names=['a', 'b'])",
+                     "domain has 197 entries for 200 samples"),
+    "test_split": ("Pool('zz', Split(x, y), [x, y], 4)", "test is list, not a fl.data.Split"),
+}
+
+
+def dataset_file(tmp_path, name: str, pool: str) -> str:
+    (tmp_path / f"{name}.py").write_text(
+        "import torch\n\nfrom fl.core.registry import register_dataset\nfrom fl.data import Pool, Split\n\n\n"
+        f"@register_dataset({name!r})\n"
+        "def data(d):\n"
+        "    g = torch.Generator().manual_seed(0)\n"
+        "    x = torch.randint(0, 256, (200, 3, 16, 16), dtype=torch.uint8, generator=g)\n"
+        "    y = torch.arange(200) % 4\n"
+        f"    return {pool}\n")
+    return name
+
+
+def own_data(tmp_path, name: str, *extra: str) -> list[str]:
+    """A tiny run on dataset plug-in `name` (without the embedded dataset's own settings)."""
+    return [a for a in tiny(tmp_path, f"plugins=[{name}]", f"data.name={name}", "model.name=cnn", *extra)
+            if not a.startswith("data.embedded.")]
+
+
+@pytest.mark.parametrize("fault", sorted(POOLS))
+def test_a_malformed_dataset_is_one_line_naming_it_and_its_file_before_any_run_directory(fault, tmp_path, capsys,
+                                                                                        isolated_registry):
+    name = dataset_file(tmp_path, f"zz_data_{fault}", POOLS[fault][0])
+    code = main(own_data(tmp_path, name, "logger.run_name=run"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith(f"error: data.name={name!r} ({tmp_path / name}.py:7): "), err
+    assert POOLS[fault][1] in err[0], err
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_well_formed_dataset_plugin_trains(tmp_path, isolated_registry):
+    name = dataset_file(tmp_path, "zz_data_good", "Pool('zz', Split(x, y, torch.arange(200) % 2), None, 4, "
+                                                  "class_names=list('abcd'), domain_names=['a', 'b'])")
+    assert main(own_data(tmp_path, name, "trainer.rounds=1", "logger.run_name=run")) == 0

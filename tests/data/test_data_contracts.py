@@ -169,7 +169,9 @@ def test_a_channels_last_dataset_stops_before_a_run_directory(plugins, out, caps
 
     assert main(tiny(out, "data.name=nhwc")) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: data.name='nhwc': x of shape (240, 8, 8, 3) is channels-last") and "\n" not in err
+    line = nhwc.__code__.co_firstlineno
+    assert err.startswith(f"error: data.name='nhwc' (tests/data/test_data_contracts.py:{line}): x of shape (240, 8, "
+                          "8, 3) is channels-last") and "\n" not in err
     assert not (out / "outputs").exists()
 
 
