@@ -2,6 +2,9 @@
 global model, client states and metrics within float32 reduction order, with unequal client sizes and step counts
 (masked), SGD with momentum and weight decay, Adam, AdamW and partial participation; other methods fall back to the
 sequential loop with a one-line notice."""
+import json
+import re
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -141,19 +144,47 @@ def test_fedprox_with_mu_0_equals_fedavg_on_the_vmapped_path(out, vmapped_groups
     assert not all(torch.equal(g1[k], v) for k, v in ga.items())  # and the proximal term acts on this path
 
 
-def test_bf16_k_clients_at_once_equal_the_sequential_loop_within_bf16_rounding(out, vmapped_groups):
-    # bf16 keeps 8 significant bits and the vmapped convolution rounds at other points than the sequential one
-    # (functorch adds a batched bias after the convolution), so the two agree as closely as bf16 agrees with float32,
-    # not to 1e-5: measured 5.7e-3 on the global model and 1.9e-2 on a metric (client/3/kl_PQ) after 2 rounds, where
-    # bf16 and float32 differ by 3.7e-3 and 1.8e-2
-    extra = (*UNEQUAL, *OPTIMIZERS["momentum"], "fabric.precision=bf16-mixed")
-    sequential = run_tiny(out, *extra, name="sequential")
-    vmapped = run_tiny(out, *extra, "trainer.parallel_clients=4", name="k4")
+def test_bf16_k_clients_at_once_are_as_close_to_the_sequential_loop_as_bf16_is_to_float32(out, vmapped_groups):
+    # bf16 keeps 8 significant bits, and the vmapped convolution rounds at other points than the sequential one
+    # (functorch adds a batched bias after the convolution), so the two bf16 paths differ by bf16 rounding, whose
+    # size depends on the CPU's kernels (AVX2, AVX-512 and the default differ): a tolerance fitted on one CPU failed
+    # on another. The claim is that the vmapped path rounds no worse than the sequential one, so the tolerance is
+    # measured on the running CPU: if both bf16 paths are within d of float32, they are within 2d of each other. It
+    # holds on the global model (2 x the largest bf16-float32 difference over its tensors), on each kind of
+    # continuous metric (2 x its kind's largest, plus one bf16 rounding of the value: 2**-8 relative, for a kind
+    # whose bf16 and float32 values happen to agree) and on the test predictions that change (an accuracy is a count:
+    # client i's moves by 1/n_i a flip; at most 2 x bf16's flips against float32, plus one near-tie).
+    extra = (*UNEQUAL, *OPTIMIZERS["momentum"])
+    fp32 = run_tiny(out, *extra, name="fp32")
+    sequential = run_tiny(out, *extra, "fabric.precision=bf16-mixed", name="sequential")
+    vmapped = run_tiny(out, *extra, "fabric.precision=bf16-mixed", "trainer.parallel_clients=4", name="k4")
     assert set(vmapped_groups) == {4, 2}
-    assert_same_rows(read_metrics(sequential), read_metrics(vmapped), abs=5e-2)
-    ga, gb = global_params(sequential), global_params(vmapped)
-    for name, value in ga.items():
-        torch.testing.assert_close(gb[name], value, rtol=0, atol=1.5e-2)
+    gf, ga, gb = global_params(fp32), global_params(sequential), global_params(vmapped)
+    reference = max(float((ga[k] - gf[k]).abs().max()) for k in ga)
+    assert 0 < max(float((gb[k] - ga[k]).abs().max()) for k in ga) <= 2 * reference
+
+    sizes = json.loads((sequential / "partition.json").read_text())["test_sizes"]
+    rows = [read_metrics(run) for run in (fp32, sequential, vmapped)]
+    assert [r.keys() for r in rows[1]] == [r.keys() for r in rows[2]]
+    for f, a, b in zip(*rows):
+        flips = {"reference": 0, "vmapped": 0}
+        largest: dict[str, float] = {}
+        for key in a:
+            kind = re.sub(r"^(client/\d+/|test/|train/|val/)", "", key)
+            if re.fullmatch(r"client/\d+/acc", key):
+                n = sizes[int(key.split("/")[1])]
+                flips["reference"] += round(abs(a[key] - f[key]) * n)
+                flips["vmapped"] += round(abs(b[key] - a[key]) * n)
+            elif not key.startswith("time/"):
+                largest[kind] = max(largest.get(kind, 0.0), abs(a[key] - f[key]))
+        assert flips["vmapped"] <= 2 * flips["reference"] + 1, (a["round"], flips)
+        for key in a:
+            kind = re.sub(r"^(client/\d+/|test/|train/|val/)", "", key)
+            if kind in largest:
+                bound = 2 * largest[kind] + abs(a[key]) * 2**-8
+                if kind.startswith("acc"):  # a client's accuracy figure: one flip moves it by up to 1 / n_i
+                    bound += 1 / min(n for n in sizes if n)
+                assert abs(b[key] - a[key]) <= bound, (a["round"], key, b[key], a[key], bound)
 
 
 @pytest.mark.parametrize("compiled", [False, True])
