@@ -57,8 +57,23 @@ class Job:
     @property
     def finished(self) -> bool:
         """summary.json is written at the end, and when a run stops because it diverged: rerunning it would
-        diverge again."""
-        return (self.run_dir / "summary.json").is_file()
+        diverge again. A damaged one (`damage`) is not finished: it is run again, not counted as reused."""
+        return (self.run_dir / "summary.json").is_file() and self.damage is None
+
+    @property
+    def damage(self) -> Optional[str]:
+        """Why a directory holding summary.json cannot be reused (None: it can, or it holds no summary): a report
+        would skip it, and its cell would silently count one run fewer."""
+        summary = self.run_dir / "summary.json"
+        if not summary.is_file():
+            return None
+        if not (self.run_dir / "config.yaml").is_file():
+            return "it has summary.json but no config.yaml"
+        try:
+            content = json.loads(summary.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            return f"its summary.json cannot be read ({type(err).__name__})"
+        return None if isinstance(content, dict) else "its summary.json is not a JSON object"
 
     @property
     def diverged(self) -> bool:
@@ -85,6 +100,12 @@ def sweep_seeds(sweep: Sweep, requested: Optional[list[int]]) -> tuple[list[Opti
 def train_argv(sweep: Sweep, job: Job, extra: list[str]) -> list[str]:
     """The run's fl.train arguments. Its progress stays on: written to the run's log file (not a terminal), it is
     one plain line per evaluation round, so `tail -f logs/<run>.log` follows the run."""
+    if job.damage is not None:  # kept beside it, as it was, and run again from the start
+        aside = next(p for i in range(1, 10**6) if not (p := job.run_dir.with_name(f"{job.run_dir.name}.damaged{i}"))
+                     .exists())
+        print(f"warning: {job.run_dir}: {job.damage}; moved to {aside.name} and run again", file=sys.stderr,
+              flush=True)
+        job.run_dir.rename(aside)
     if (job.run_dir / "checkpoints" / "last.ckpt").is_file():  # died mid-run: continue from its checkpoint
         return [f"resume={job.run_dir}", *[a for a in extra if a.startswith(("logger.", "fabric."))]]
     if job.run_dir.exists():  # died before its first checkpoint: start it again

@@ -142,6 +142,31 @@ def test_a_dead_run_without_checkpoint_is_restarted_and_one_with_a_checkpoint_re
     assert "optim.lr=0.1" in argv and f"logger.run_name={run_dir.name}" in argv and "seed=0" in argv
 
 
+@pytest.mark.parametrize("damage, said", [
+    ("no_config", "it has summary.json but no config.yaml"),
+    ("truncated", "its summary.json cannot be read (JSONDecodeError)"),
+    ("not_an_object", "its summary.json is not a JSON object"),
+])
+def test_a_damaged_finished_run_is_not_reused_but_kept_aside_and_run_again(damage, said, tmp_path, capsys):
+    sweep = parse_sweep(doc())
+    run_dir = tmp_path / "p000-x-s0"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    (run_dir / "config.yaml").write_text("seed: 0\n")
+    (run_dir / "summary.json").write_text(json.dumps({"final": {"test/acc_mean_clients": 0.5}}))
+    job = Job("p000-x", {"optim.lr": 0.1}, 0, run_dir)
+    assert job.finished and job.damage is None
+    if damage == "no_config":
+        (run_dir / "config.yaml").unlink()
+    else:
+        (run_dir / "summary.json").write_text('{"final": {"test/acc' if damage == "truncated" else "[1, 2]")
+    assert not job.finished and job.damage == said  # counted as a run to go, never as a reused one
+    argv = train_argv(sweep, job, ["trainer.rounds=3"])
+    assert capsys.readouterr().err.strip() == f"warning: {run_dir}: {said}; moved to p000-x-s0.damaged1 and run again"
+    assert not run_dir.exists() and (tmp_path / "p000-x-s0.damaged1" / "summary.json").is_file()  # nothing lost
+    assert "optim.lr=0.1" in argv and f"logger.run_name={run_dir.name}" in argv  # from the start, not resumed
+
+
 def test_a_diverged_run_is_finished_but_its_metric_is_left_out_of_the_point(tmp_path, capsys):
     from fl.sweep.runner import print_results, results
 
@@ -154,6 +179,7 @@ def test_a_diverged_run_is_finished_but_its_metric_is_left_out_of_the_point(tmp_
         if diverged:  # what fl.train writes when trainer.on_divergence stops (or warns about) a run
             summary["diverged"] = {"round": 3, "client": 1, "method": "fedavg", "reason": "training loss 1e+06 > ..."}
         (run_dir / "summary.json").write_text(json.dumps(summary))
+        (run_dir / "config.yaml").write_text(f"seed: {seed}\n")  # a run writes it when it starts
         jobs.append(Job("p000-x", {"optim.lr": 0.1}, seed, run_dir))
     assert all(j.finished for j in jobs) and [j.diverged for j in jobs] == [False, True]
     table = results(sweep, jobs)
@@ -175,6 +201,7 @@ def test_a_run_another_invocation_holds_is_waited_for_then_reused_not_trained_ag
 
     def finish():
         run_dir.mkdir()
+        (run_dir / "config.yaml").write_text("seed: 0\n")
         (run_dir / "summary.json").write_text(json.dumps({"final": {}}))
         release(held)
 
