@@ -1,0 +1,25 @@
+"""The tests whose numbers depend on the CPU's float kernels, run once more under torch's other kernel sets
+(ATEN_CPU_CAPABILITY=default, the scalar kernels, and =avx2), so that a tolerance fitted to one machine's kernels fails
+where it is written, not on another machine of the kind (an AVX-512 CPU rounds bf16 at other points than an AVX2 one).
+
+Kernel-sensitive: the tests that compare numbers across code paths under reduced precision or pin computed values
+(K clients vmapped against the sequential loop, every precision path, FedPALS' solver anchors). A capability above
+the CPU's own falls back to the CPU's, so on an AVX2 machine =avx2 is its native set and on an AVX-512 one it is not."""
+import re
+
+import pytest
+
+from tests.helpers import ROOT, run_cli
+
+KERNEL_SENSITIVE = ("tests/core/test_parallel_clients.py", "tests/core/test_precision.py",
+                    "tests/methods/test_fedpals.py")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_the_kernel_sensitive_tests_hold_under_other_cpu_kernels(capability):
+    res = run_cli([*KERNEL_SENSITIVE, "-m", "not slow", "-x", "-p", "no:cacheprovider"], cwd=ROOT,
+                  env={"ATEN_CPU_CAPABILITY": capability}, script=("-m", "pytest"), timeout=1200)
+    assert res.returncode == 0, res.stdout[-3000:]
+    ran = re.search(r"(\d+) passed", res.stdout)
+    assert ran and int(ran.group(1)) >= 20 and "failed" not in res.stdout.splitlines()[-1]  # the tests ran
