@@ -73,6 +73,7 @@ def test_sweep_results_show_the_test_metric_of_the_point_the_validation_metric_p
         run_dir.mkdir()
         final = {"val/acc_mean_clients": val, "test/acc_mean_clients": test}
         (run_dir / "summary.json").write_text(json.dumps({"final": final}))
+        (run_dir / "config.yaml").write_text("seed: 0\n")  # a run writes it when it starts
         jobs.append(Job(f"p{i}", {"optim.lr": 0.1 * (i + 1)}, 0, run_dir))
     table = results(sweep, jobs)
     assert [(e["mean"], e["test_mean"]) for e in table] == [(0.6, 0.55), (0.7, 0.5)]
