@@ -15,9 +15,10 @@ from torch import Tensor
 from fl.core import plugins
 from fl.core.aggregation import Uploads
 from fl.core.divergence import Divergence
+from fl.core.plugin_calls import PluginFault
 
 
-class AggregatorFault(RuntimeError):
+class AggregatorFault(PluginFault):
     """An aggregate of the wrong type, keys, shapes or dtypes: a fault in the code that returned it."""
 
 

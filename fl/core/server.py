@@ -13,6 +13,7 @@ from fl.core.client import ClientModule, Upload
 from fl.core.context import RoundContext
 from fl.core.federated_data import FederatedData
 from fl.core.metric_directions import Directions
+from fl.core.plugin_calls import blamed
 
 
 class Server:
@@ -81,7 +82,8 @@ class Server:
 
     def aggregate(self, uploads: Uploads) -> dict[str, Tensor]:
         """The chosen aggregator over the uploads, from the global model the clients received."""
-        return self.aggregator.fn(uploads, self.global_params, self.aggregation)
+        with blamed("server.aggregator.name", self.aggregation.name, self.aggregator.fn):
+            return self.aggregator.fn(uploads, self.global_params, self.aggregation)
 
     def server_step(self, ctx: RoundContext, mean: dict[str, Tensor], messages: dict[int, dict]) -> None:
         if mean:

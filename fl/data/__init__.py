@@ -6,6 +6,7 @@ from omegaconf import DictConfig
 
 from fl.config import ConfigError
 from fl.core import ClientData, FederatedData, Split, Target, plugins
+from fl.core.plugin_calls import blamed
 from fl.core.registry import DATASETS
 from fl.data import augment, client_transforms, partitions, sources  # noqa: F401  (fill the registry)
 from fl.data.base import DataError, Pool, check_pool
@@ -27,7 +28,9 @@ def dataset_label(d: DictConfig) -> str:
 def build_data(cfg: DictConfig) -> FederatedData:
     seed = cfg.data.partition.seed if cfg.data.partition.seed is not None else cfg.seed
     d = cfg.data
-    pool = DATASETS[d.name].fn(d)
+    plugin = DATASETS[d.name]
+    with blamed("data.name", d.name, plugin.fn):
+        pool = plugin.fn(d)
     if d.cache == "mmap" and not pool.train.mapped:
         raise ConfigError(f"data.cache=mmap: data.name={d.name!r} is read into memory (no image cache); memory-mapped "
                           f"are {', '.join(MAPPED)}; use data.cache=auto or memory")

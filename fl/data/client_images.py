@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 from fl.config import ConfigError
 from fl.core import ClientData
 from fl.core.federated_data import map_images
+from fl.core.plugin_calls import blamed
 from fl.core.registry import CLIENT_TRANSFORMS
 from fl.core.seeding import generator
 from fl.data.transforms import corrupt, frost_dir_default
@@ -37,14 +38,16 @@ def change_images(clients: list[ClientData], d: DictConfig, seed: int):
                               f"data.name={d.name!r} gives {c.train.x.dtype} {list(c.train.x.shape[1:])}")
         shift = functools.partial(plugin.fn, client=cid, num_clients=num_clients, seed=seed, s=s)
         if not s.after_augment:  # one call on all splits: random corruptions (noise, blur angle) differ per image
-            map_images(c.splits(), shift)
+            with blamed("data.client_transform.name", s.name, plugin.fn):
+                map_images(c.splits(), shift)
             continue
         # training batches are shifted after their crop; evaluation batches are not cropped
         evaluated = [split for split in c.splits() if split is not c.train]
         for split in [c.train] + (evaluated if d.eval_augment else []):
             split.owner = torch.full((len(split),), cid, dtype=torch.int64)
         if not d.eval_augment:
-            map_images(evaluated, shift)
+            with blamed("data.client_transform.name", s.name, plugin.fn):
+                map_images(evaluated, shift)
     if new.corruption != "none":  # pFedFDA Table 4: every image of the new clients, train and test alike
         frost_dir = frost_dir_default()
         for cid in range(d.num_clients - new.count, d.num_clients):

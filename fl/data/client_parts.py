@@ -7,6 +7,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from fl.config import ConfigError
+from fl.core.plugin_calls import blamed
 from fl.core.registry import PARTITIONS
 from fl.core.seeding import data_stream
 from fl.data.base import Candidates
@@ -23,7 +24,8 @@ def client_parts(h: HeldOut, d: DictConfig, seed: int) -> list[np.ndarray]:
     domains = None if h.source.domain is None else h.source.domain.numpy()[avail]
     num_parts = d.num_clients + (1 if d.target.distribution == "partition" else 0)
     plugin = PARTITIONS[d.partition.name]
-    given = plugin.fn(Candidates(labels, domains, d.name), num_parts, d.partition, data_stream(seed, "partition"))
+    with blamed("data.partition.name", d.partition.name, plugin.fn):
+        given = plugin.fn(Candidates(labels, domains, d.name), num_parts, d.partition, data_stream(seed, "partition"))
     parts = [avail[p] for p in checked_parts(given, num_parts, len(avail), d, plugin.overlap)]
     if d.drop_labels is not None:  # per-client labels removed (FedPALS' PACS: client k loses label k); the target's
         # part keeps all

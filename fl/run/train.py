@@ -22,12 +22,12 @@ from fl.config import CONF_DIR, ConfigError, config_diff, expand_arms, load_conf
 from fl.config.blocks import plugin_choices
 from fl.config.load import ABSENT, added_key_message, import_argv_plugins
 from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
-from fl.core.aggregate_check import AggregatorFault
 from fl.core.callbacks import CallbackError, make_callbacks
 from fl.core.exchange import gather_objects
 from fl.core.loop import Diverged
 from fl.core.mapped_images import DamagedImages
 from fl.core.metric_directions import directions_of, lookup
+from fl.core.plugin_calls import PluginFault
 from fl.core.run_metrics import diagnostics, run_directions
 from fl.core.state import (
     CHECKPOINT_NAMES,
@@ -294,7 +294,7 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
             check_state_dir(cfg.state.dir, planned_run_dir(cfg, named))
     except (ConfigError, CheckpointError, StateDirInUse, CallbackError) as err:
         return _fail(str(err) + (_twin_hint(argv) if isinstance(err, DataError) else ""), 2)
-    except StateStoreError as err:
+    except (StateStoreError, PluginFault) as err:
         return _fail(str(err), 1)
     except (ValueError, RuntimeError, FileNotFoundError) as err:
         return _fail((str(err).splitlines() or [type(err).__name__])[0], 2)  # "error: <what>", as every message
@@ -365,7 +365,7 @@ def _run(argv: list[str], cleanup: ExitStack) -> int:
                 f" (to train on regardless: python -m fl.train resume={run_dir} trainer.on_divergence=warn)"
                 if isinstance(err, Diverged) and orch.ckpt_path.is_file() else "")
         return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1  # one message, not one per process
-    except AggregatorFault as err:  # a fault in the aggregator's code: its result is never used
+    except PluginFault as err:  # a fault in a plug-in's code (an exception, or a result breaking its contract)
         kept = (f"the last good checkpoint is {orch.ckpt_path}" if orch.ckpt_path.is_file() else
                 "no checkpoint was written yet")
         return _fail(f"{err}; {kept}", 1) if fabric.is_global_zero else 1

@@ -139,3 +139,46 @@ def test_a_well_formed_dataset_plugin_trains(tmp_path, isolated_registry):
     name = dataset_file(tmp_path, "zz_data_good", "Pool('zz', Split(x, y, torch.arange(200) % 2), None, 4, "
                                                   "class_names=list('abcd'), domain_names=['a', 'b'])")
     assert main(own_data(tmp_path, name, "trainer.rounds=1", "logger.run_name=run")) == 0
+
+
+# ---- an exception inside a plug-in is reported as that plug-in's (issue 47 item 2) ----------------------------------
+RAISING = {  # kind -> (the key that chooses it, the module's text given the exception to raise on its line 6)
+    "partition": ("data.partition.name", "from fl.core.registry import register_partition\n\n\n"
+                  "@register_partition('{name}')\ndef part(candidates, num_clients, s, rng):\n    {stmt}\n"),
+    "dataset": ("data.name", "from fl.core.registry import register_dataset\n\n\n"
+                "@register_dataset('{name}')\ndef data(d):\n    {stmt}\n"),
+    "aggregator": ("server.aggregator.name", "from fl.core.registry import register_aggregator\n\n\n"
+                   "@register_aggregator('{name}')\ndef agg(uploads, start, s):\n    {stmt}\n"),
+}
+
+
+def without_settings_of(kind: str, args: list[str]) -> list[str]:
+    """tiny's arguments less the settings of the built-in the plug-in replaces (tiny cannot see a plug-in's schema)."""
+    replaced = {"dataset": "data.embedded.", "partition": "data.partition.min_client_size"}.get(kind)
+    return [a for a in args if replaced is None or not a.startswith(replaced)]
+
+
+@pytest.mark.parametrize("kind", sorted(RAISING))
+@pytest.mark.parametrize("stmt, said", [("raise ValueError('failed on purpose')", "raised ValueError: failed on "
+                                                                                  "purpose"),
+                                        ("return [][3]", "raised IndexError: list index out of range")])
+def test_an_exception_inside_a_plugin_is_one_line_naming_it_where_it_was_raised_exit_1(kind, stmt, said, tmp_path,
+                                                                                      capsys, isolated_registry):
+    key, text = RAISING[kind]
+    name = f"zz_raise_{kind}"
+    (tmp_path / f"{name}.py").write_text(text.format(name=name, stmt=stmt))
+    args = tiny(tmp_path, f"plugins=[{name}]", f"{key}={name}", "trainer.rounds=1", "logger.run_name=run")
+    code = main(without_settings_of(kind, args))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert len(err) == 1 and err[0].startswith(f"error: {key}={name!r} ({tmp_path / name}.py:6) {said}"), err
+    assert (tmp_path / "outputs").exists() == (kind == "aggregator")  # data plug-ins fail before any run directory
+
+
+def test_a_config_error_a_plugin_raises_stays_a_config_error(tmp_path, capsys, isolated_registry):
+    key, text = RAISING["partition"]
+    (tmp_path / "zz_refusing.py").write_text(text.format(
+        name="zz_refusing", stmt="from fl.config import ConfigError; raise ConfigError('data.partition.x=3 is too "
+                                 "many')"))
+    assert main(without_settings_of("partition", tiny(tmp_path, "plugins=[zz_refusing]", f"{key}=zz_refusing"))) == 2
+    assert capsys.readouterr().err.strip() == "error: data.partition.x=3 is too many"
