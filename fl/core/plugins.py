@@ -30,18 +30,6 @@ FOLDERS = {"method": "fl.methods", "dataset": "fl.data.sources", "partition": "f
            "evaluator": "fl.metrics", "augmentation": "fl.data"}
 
 
-class RegisteredTwice(KeyError):
-    """A name already in its table; `first`: the module that holds it."""
-
-    def __init__(self, kind: str, name: str, first: Optional[str]):
-        super().__init__(f"{kind} {name!r} is registered twice")
-        self.kind, self.name, self.first = kind, name, first
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.name!r} is registered twice" + (
-            f" (first by {module_file(self.first)})" if self.first else "")
-
-
 class PluginNotFound(ImportError):
     """A module `plugins` names that is not importable at all (not installed, not on the path)."""
 
@@ -59,6 +47,7 @@ ORIGINS: dict[tuple[str, str], str] = {}  # (kind, name) -> the module that regi
 FAILED: dict[str, Failure] = {}  # module -> why it was skipped
 CONTESTED: dict[tuple[str, str], list[str]] = {}  # (kind, name) -> the modules that registered it (the first kept)
 _entry_points_done = False
+_entry_point: Optional[str] = None  # the entry point being imported ("name = module" of a distribution), for warnings
 
 
 def record_origin(kind: str, name: str, module: str) -> None:
@@ -91,12 +80,11 @@ def module_file(module: str) -> str:
 def one_line(err: BaseException, file: str) -> str:
     """An import failure in one line: its type, message and where it happened (the line of the syntax error or of
     the innermost frame; its file too when that is not `file`, the module's own)."""
-    if isinstance(err, RegisteredTwice):
-        return str(err)
     if isinstance(err, SyntaxError):
         path, line, text = err.filename, err.lineno, err.msg
     else:
-        frames = [f for f in traceback.extract_tb(err.__traceback__) if "importlib" not in f.filename]
+        frames = [f for f in traceback.extract_tb(err.__traceback__)  # not the import machinery's, nor this file's
+                  if "importlib" not in f.filename and not _same(f.filename, __file__)]
         path, line = (frames[-1].filename, frames[-1].lineno) if frames else (None, None)
         text = (str(err).splitlines() or [""])[0][:200]
     where = "" if path is None else f" (line {line})" if _same(path, file) else f" ({short_path(path)}, line {line})"
@@ -128,13 +116,25 @@ def _same(a: str, b: str) -> bool:
         return False
 
 
+def refuse_taken(kind: str, name: str, module: str) -> None:
+    """A registration of a name another module holds: refused alone, in one warning line naming the file (and the
+    entry point it came through); the first holder keeps the name."""
+    first = origin(kind, name) or "?"
+    CONTESTED.setdefault((kind, name), [first]).append(module)
+    if os.environ.get("LOCAL_RANK", "0") not in ("", "0"):
+        return
+    via = f" (entry point {_entry_point})" if _entry_point else ""
+    print(f"warning: {module_file(module)}{via}: {kind} {name!r} is taken by {module_file(first)}; this registration "
+          f"is refused and {kind}.name={name} stays that one: rename it to select it", file=sys.stderr)
+
+
 def _warn(failure: Failure, err: Exception) -> None:
     """One line on stderr, from the first process of a node only (launched ranks repeat the import)."""
     if os.environ.get("LOCAL_RANK", "0") not in ("", "0"):
         return
-    then = (f"{err.kind} {err.name!r} cannot be selected until one of them is renamed"
-            if isinstance(err, RegisteredTwice) else "nothing it registers can be selected")
-    print(f"warning: {failure.file}: {failure.error}; skipped, and {then}", file=sys.stderr)
+    via = f" (entry point {_entry_point})" if _entry_point else ""
+    print(f"warning: {failure.file}{via}: {failure.error}; skipped, and nothing it registers can be selected",
+          file=sys.stderr)
 
 
 def guarded_import(module: str, tables: dict[str, dict]) -> bool:
@@ -150,8 +150,6 @@ def guarded_import(module: str, tables: dict[str, dict]) -> bool:
         for kind, n in names:
             del tables[kind][n]
             ORIGINS.pop((kind, n), None)
-        if isinstance(err, RegisteredTwice):
-            CONTESTED.setdefault((err.kind, err.name), [err.first or "?"]).append(module)
         file = module_file(module)
         FAILED[module] = Failure(module, file, one_line(err, file), names)
         _warn(FAILED[module], err)
@@ -174,8 +172,14 @@ def import_entry_points(tables: dict[str, dict]) -> None:
     if _entry_points_done:
         return
     _entry_points_done = True
+    global _entry_point
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        guarded_import(ep.module, tables)
+        dist = getattr(ep, "dist", None)
+        _entry_point = f"{ep.name} = {ep.value}" + (f" of {dist.name}" if dist is not None else "")
+        try:
+            guarded_import(ep.module, tables)
+        finally:
+            _entry_point = None
 
 
 def import_named(module: str, tables: dict[str, dict]) -> None:
@@ -198,11 +202,6 @@ def unavailable(kind: str, name: str, table: dict) -> Optional[str]:
     """Why `name` cannot be selected from `table` (its kind's) when a module meant to register it: two modules
     registered it, the module that registered it failed, or a failed module is named like it; None when nothing is
     known against it."""
-    if (kind, name) in CONTESTED:
-        first, *others = CONTESTED[(kind, name)]
-        files = ", ".join(module_file(m) for m in others)
-        return (f"{kind} {name!r} is registered twice, by {module_file(first)} and by {files} (skipped); "
-                "rename one of them")
     for failure in FAILED.values():
         if (kind, name) in failure.names:
             return f"{failure.file} registers it but failed to import: {failure.error}"

@@ -82,9 +82,11 @@ TABLES: dict[str, dict] = {"method": METHODS, "dataset": DATASETS, "partition": 
 
 def _add(table: dict, kind: str, name: str, obj) -> None:
     """Enter `obj` under `name` in `table`; the module registering it is its origin (the first frame up the stack
-    outside this module: the plug-in file's body)."""
+    outside this module: the plug-in file's body). A name already taken is refused alone, with a warning: the first
+    holder (a built-in, imported first) stays selectable and the module's other registrations stand."""
     if name in table:
-        raise plugins.RegisteredTwice(kind, name, plugins.origin(kind, name))
+        plugins.refuse_taken(kind, name, _registering_module())
+        return
     table[name] = obj
     plugins.record_origin(kind, name, _registering_module())
 

@@ -34,7 +34,6 @@ FAILURES = {
                "ModuleNotFoundError: No module named 'fl_no_such_dependency' (line 2)"),
     "raise": (lambda register: register + "raise RuntimeError('boom at import')\n",
               "RuntimeError: boom at import (line"),
-    "twice": (lambda register: register, "is registered twice (first by "),
 }
 
 
@@ -77,22 +76,43 @@ def drop_in(tmp: Path, monkeypatch, package: str, file: str, text: str) -> Path:
 @pytest.mark.parametrize("package", FOLDERS)
 def test_a_broken_plugin_file_costs_one_warning_and_choosing_it_one_line(tmp_path, monkeypatch, capsys,
                                                                          isolated_registry, package, kind):
-    key, _, taken = FOLDERS[package]
-    name = taken if kind == "twice" else f"zz_{kind}"
+    key, _, _ = FOLDERS[package]
+    name = f"zz_{kind}"
     text, said = FAILURES[kind]
     path = drop_in(tmp_path, monkeypatch, package, f"zz_{kind}.py", text(registration(package, name)))
     warning = capsys.readouterr().err.splitlines()
     assert len(warning) == 1 and warning[0].startswith(f"warning: {path}: ") and said in warning[0], warning
     table = registry.TABLES[{folder: kind for kind, folder in plugins.FOLDERS.items()}[package]]
-    assert f"zz_{kind}" not in table and (kind != "twice" or registry.unavailable(table, name))  # taken back out
+    assert f"zz_{kind}" not in table  # taken back out
     assert load_config(["trainer.rounds=1"]).method.name == "fedavg"  # what does not choose it is untouched
     assert main(["--list", "methods"]) == 0
     capsys.readouterr()
     assert main([f"{key}={name}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {key}={name!r} cannot be used: ") and str(path) in err
-    if kind == "twice":  # both files are named, the first one kept in the table
-        assert "registered twice, by " in err and "rename one of them" in err
+
+
+@pytest.mark.parametrize("package", FOLDERS)
+def test_a_taken_name_is_refused_alone_and_the_first_holder_stays_selectable(tmp_path, monkeypatch, capsys,
+                                                                              isolated_registry, package):
+    key, _, taken = FOLDERS[package]
+    kind = {folder: kind for kind, folder in plugins.FOLDERS.items()}[package]
+    table = registry.TABLES[kind]
+    first = table[taken]
+    text = registration(package, taken) + registration(package, "zz_beside").split("\n", 2 if package == "fl.methods"
+                                                                                  else 1)[-1]
+    path = drop_in(tmp_path, monkeypatch, package, "zz_clash.py", text)
+    warning = capsys.readouterr().err.splitlines()
+    assert len(warning) == 1 and warning[0].startswith(f"warning: {path}: {kind} {taken!r} is taken by fl/"), warning
+    assert "this registration is refused" in warning[0]
+    assert table[taken] is first and "zz_beside" in table  # the built-in kept, the file's other registration stands
+    assert registry.unavailable(table, taken) is None
+    capsys.readouterr()
+    assert main(["--list", {"fl.data.sources": "datasets", "fl.data.partitions": "partitions",
+                            "fl.data.client_transforms": "client_transforms", "fl.aggregators": "aggregators",
+                            "fl.methods": "methods"}[package]]) == 0
+    listed = capsys.readouterr().out
+    assert taken in listed and "zz_beside" in listed
 
 
 def test_every_command_works_beside_broken_files_in_every_folder(out, monkeypatch, capsys, isolated_registry):
