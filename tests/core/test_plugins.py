@@ -219,3 +219,21 @@ def test_plugins_named_in_the_config_are_found_again_on_resume(tmp_path):
     resumed = run_cli([f"resume={run_dir}", "trainer.rounds=2"], cwd=tmp_path, env=with_path(site))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert [r["round"] for r in read_metrics(run_dir)] == [0, 1]
+
+
+@pytest.mark.parametrize("module, said", [
+    ("mystudy.fl_plugn", ": ModuleNotFoundError: No module named 'mystudy.fl_plugn'; skipped"),
+    ("mystudy.clash", ": aggregator 'krum' is taken by fl/aggregators/krum.py; this registration is refused"),
+])
+def test_an_entry_points_warning_names_the_distribution_and_the_entry_point(module, said, tmp_path, monkeypatch,
+                                                                            capsys, isolated_registry):
+    site = study_package(tmp_path, entry_point=True)
+    (site / "mystudy" / "clash.py").write_text(registration("fl.aggregators", "krum"))
+    (site / "mystudy-0.1.0.dist-info" / "entry_points.txt").write_text(f"[fl.plugins]\nstudy = {module}\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(plugins, "_entry_points_done", False)
+    plugins.import_entry_points(registry.TABLES)
+    warning = capsys.readouterr().err.splitlines()
+    assert len(warning) == 1 and f" (entry point study = {module} of mystudy){said}" in warning[0], warning
+    assert "fl/core/plugins.py" not in warning[0]
+    assert registry.AGGREGATORS["krum"].fn.__module__ == "fl.aggregators.krum"  # the built-in still serves krum
