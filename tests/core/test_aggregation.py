@@ -331,3 +331,17 @@ def test_checkpoint_states_gather_on_process_zero_only_through_host_memory(tmp_p
     assert one["first"] is None and one["second"] is None
     assert all(r["own_group"] and r["same_group"] and r["group_size"] == 2 for r in (zero, one))
     assert not zero["group_outlives_destroy"] and not one["group_outlives_destroy"]
+
+
+def test_a_trim_fraction_that_trims_nothing_is_refused_naming_the_smallest_that_trims(capsys):
+    from fl.run.train import main
+
+    assert main(["server.aggregator.name=trimmed_mean", "data.num_clients=6", "trainer.participation=0.5",
+                 "--print-config"]) == 2  # 0.1 x 3 clients trims floor(0.3) = 0 values
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: server.aggregator.trim_fraction=0.1 trims floor(0.1 x 3) = 0 values per coordinate")
+    assert "raise it to at least 0.334" in err and "\n" not in err
+    assert main(["server.aggregator.name=trimmed_mean", "server.aggregator.trim_fraction=0.334", "data.num_clients=6",
+                 "trainer.participation=0.5", "--print-config"]) == 0  # trims 1 value a side
+    assert main(["server.aggregator.name=trimmed_mean", "server.aggregator.trim_fraction=0", "data.num_clients=6",
+                 "trainer.participation=0.5", "--print-config"]) == 0  # the unweighted mean, asked for
