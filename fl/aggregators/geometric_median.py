@@ -25,7 +25,7 @@ def objective(uploads: Uploads, alphas: Tensor, z: dict[str, Tensor]) -> float:
     return float((alphas * distances_to(uploads, z)).sum())
 
 
-@register_aggregator("geometric_median", Settings)
+@register_aggregator("geometric_median", Settings, robust=True)
 def geometric_median(uploads: Uploads, start: dict[str, Tensor], s) -> dict[str, Tensor]:
     """The geometric median argmin_z sum_i a_i ||z - x_i|| of the uploads (RFA), weighted by the method's weights
     a_i (n_i by default) as RFA weighs its clients; smoothed Weiszfeld iterations from the weighted mean."""

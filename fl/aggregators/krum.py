@@ -40,7 +40,7 @@ def krum_scores(sq_dist: Tensor, f: int) -> Tensor:
     return others.sort(dim=1).values[:, :k].sum(dim=1)
 
 
-@register_aggregator("krum", Settings, check=check)
+@register_aggregator("krum", Settings, check=check, robust=True)
 def krum(uploads: Uploads, start: dict[str, Tensor], s) -> dict[str, Tensor]:
     """Krum / multi-Krum (Blanchard et al. 2017): the upload (or the unweighted mean of the m uploads) closest to
     its n - f - 2 nearest others; ties go to the lower client id."""

@@ -32,7 +32,7 @@ def check(s, clients: int):
     return None
 
 
-@register_aggregator("trimmed_mean", Settings, check=check)
+@register_aggregator("trimmed_mean", Settings, check=check, robust=True)
 def trimmed_mean(uploads: Uploads, start: dict[str, Tensor], s) -> dict[str, Tensor]:
     """Each coordinate's beta-trimmed mean over the round's clients, unweighted (Yin et al. 2018): the floor(beta N)
     largest and smallest values dropped, the rest averaged."""

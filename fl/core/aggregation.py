@@ -68,6 +68,10 @@ class Uploads:
             self._mean = mean
         return self
 
+    def leave_out(self, cids: set[int]) -> None:
+        """Drop these clients' kept uploads (faulty ones a robust aggregator does without)."""
+        self._clients = [u for u in self._clients if u.cid not in cids]
+
     @property
     def clients(self) -> list[ClientUpload]:
         if not self.keep_each:

@@ -56,7 +56,7 @@ LOSS_SCALE = "loss_scale"  # a client state's entry: its GradScaler state under 
 # What the loop itself logs every round, and which way is better; the clients' training scalars (train/<name>) are
 # their ClientModule's metric_directions (fl/core/metric_directions.py).
 LOOP_METRICS: Directions = {"train/clients": NEITHER, "comm/bytes_up": LOWER, "comm/bytes_down": LOWER,
-                            "time/round_s": LOWER}
+                            "time/round_s": LOWER, "server/faulty_uploads": LOWER}
 
 
 class TrainingFault(RuntimeError):
@@ -173,6 +173,7 @@ class Orchestrator:
         self.scaler = loss_scaler(fabric)
         self._initial_scale = self.scaler.state_dict() if self.scaler is not None else None
         self.diverged: Optional[Divergence] = None  # the first divergence seen (trainer.on_divergence=warn)
+        self._warned_faulty: set[int] = set()  # clients whose faulty upload a robust aggregator left out
         self._initial_norms = squared_norms(self.module.state_dict())
         self.parallel = self._parallel_clients()
         server.setup(self.module, self.data)
@@ -296,17 +297,19 @@ class Orchestrator:
                 raise Interrupted(f"interrupted during round {rnd}")
         mean, results = exchange(fabric, uploads.sum, results)
         faults = [r.fault for r in results if r.fault]
-        if faults:
+        left_out = self.leave_out_faulty(rnd, results) if faults and not finetuning else frozenset()
+        if faults and not left_out:
             raise non_finite(faults[0])
         if self.diverged is None:
             self.check_divergence(rnd, results)
 
-        self.store.commit(rnd)
+        self.store.commit(rnd, left_out)
         if not self._memory_checked and len(self.store):
             self._memory_checked = True
             self.warn_if_states_outgrow_memory()
         if not finetuning:
             gathered = uploads.gathered(fabric, mean)
+            gathered.leave_out(left_out)
             aggregated = server.aggregate(gathered)
             fault = check_aggregate(aggregated, gathered, server, rnd)
             if fault is not None:
@@ -314,6 +317,8 @@ class Orchestrator:
             fabric.call("server_step", round_ctx, aggregated, {r.cid: r.message for r in results})
 
         metrics = self._train_metrics(results)
+        if server.leaves_out_faulty_uploads:
+            metrics["server/faulty_uploads"] = float(len(left_out))
         metrics["comm/bytes_up"] = float(sum(r.bytes_up for r in results))
         metrics["comm/bytes_down"] = float(sum(r.bytes_down for r in results))
         if is_eval_round(self.cfg, rnd):
@@ -322,6 +327,23 @@ class Orchestrator:
         if not finetuning:
             fabric.call("on_round_end", round_ctx, metrics)
         return {k: float(v) for k, v in metrics.items()}  # plain floats: JSON, W&B and checkpoints alike
+
+    def leave_out_faulty(self, rnd: int, results: list[LocalResult]) -> frozenset[int]:
+        """Under a robust aggregator, the clients whose upload is non-finite: left out of the round (their uploads
+        not aggregated, their state not committed, their training scalars not averaged), each warned about once;
+        empty (the run stops) under any other aggregation, or when every client of the round is faulty."""
+        faulty = frozenset(r.cid for r in results if r.fault)
+        if not self.server.leaves_out_faulty_uploads or len(faulty) == len(results):
+            return frozenset()
+        for r in results:
+            if r.cid in faulty:
+                r.logs = {}  # a NaN loss is not averaged into train/loss: the client is counted, not scored
+                if r.cid not in self._warned_faulty and self.fabric.is_global_zero:
+                    print(f"warning: client {r.cid}'s upload is non-finite at round {rnd}; "
+                          f"server.aggregator.name={self.cfg.server.aggregator.name} leaves it out of the round "
+                          "(server/faulty_uploads counts them; warned once per client)", file=sys.stderr)
+                self._warned_faulty.add(r.cid)
+        return faulty
 
     def check_divergence(self, rnd: int, results: list[LocalResult]) -> None:
         """The round's clients against the divergence rule (every process sees the same results): stop (raise
@@ -423,11 +445,11 @@ class Orchestrator:
         """After client cid's local training (its model in the module): its upload and what it leaves behind."""
         m = self.module
         upload = m.upload()
-        for evaluator in self.evaluators:  # evaluators that score the local models
-            evaluator.on_local_model(ctx, cid)
         norm = parameter_norm(upload.params)  # non-finite exactly when a parameter is
         fault = None if math.isfinite(logs.get("loss", 0.0)) and math.isfinite(norm) else (
             Divergence(ctx.round, cid, self.cfg.method.name, NON_FINITE))
+        for evaluator in self.evaluators if fault is None else ():  # evaluators that score the local models (a
+            evaluator.on_local_model(ctx, cid)  # faulty one is not scored: a robust aggregator may go on without it)
         new_state = self.with_loss_scale(m.client_state())
         if m.keep_optimizer_state:
             new_state["optimizer"] = to_cpu(optimizer.state_dict())

@@ -56,12 +56,15 @@ class AggregatorPlugin:
     `s`, the `server.aggregator` block (fl/aggregators/__init__.py); its typed settings; `streams`: it needs only the
     uploads' weighted mean (uploads.mean()), which is summed as clients finish instead of keeping every upload;
     `check(s, clients)`: why the settings cannot work with `clients` clients a round (None: they can), called during
-    config validation when trainer.sampling=fixed fixes that number."""
+    config validation when trainer.sampling=fixed fixes that number; `robust`: the rule is meant to survive faulty
+    clients, so a client whose upload is non-finite is left out of the round (the loop warns and counts it) instead
+    of stopping the run."""
     name: str
     fn: Callable
     settings: type = NoSettings
     streams: bool = False
     check: Optional[Callable] = None
+    robust: bool = False
 
 
 METHODS: dict[str, MethodSpec] = {}

@@ -58,6 +58,12 @@ class Server:
     def needs_every_upload(self) -> bool:
         return not self.aggregator.streams
 
+    @property
+    def leaves_out_faulty_uploads(self) -> bool:
+        """The chosen aggregator is a robust rule and aggregates for this server: a client's non-finite upload is
+        left out of its round instead of stopping the run (a method with its own aggregation stops as ever)."""
+        return self.aggregator.robust and type(self).aggregate is Server.aggregate
+
     @classmethod
     def own_aggregation(cls, hp: DictConfig) -> Optional[str]:
         """Why `server.aggregator.name` cannot replace this method's aggregation (config validation refuses any but

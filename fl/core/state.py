@@ -81,8 +81,10 @@ class ClientStateStore:
         """Client cid's state after round rnd; `get` and checkpoints see it once the round is committed."""
         self._staged[cid] = state
 
-    def commit(self, rnd: int) -> None:
-        self.update(self._staged, rnd)
+    def commit(self, rnd: int, left_out: frozenset[int] = frozenset()) -> None:
+        """The staged states become the clients' own; the clients in `left_out` keep the state they had (a faulty
+        upload a robust aggregator left out of the round)."""
+        self.update({cid: s for cid, s in self._staged.items() if cid not in left_out}, rnd)
         self._staged = {}
 
     def prefetch(self, cid: int) -> None:
@@ -180,10 +182,12 @@ class DiskStateStore:
         self._wait(self._writes[:-1])  # bound the states waiting to be written
         self._writes.append((cid, self._writer.submit(self._write_file, cid, rnd, state)))
 
-    def commit(self, rnd: int) -> None:
+    def commit(self, rnd: int, left_out: frozenset[int] = frozenset()) -> None:
         writes, self._writes = self._writes, []
         self._wait(writes)  # a failed write raises StateStoreError here
         for cid, _ in writes:
+            if cid in left_out:  # keeps its previous round's file; this round's is removed at the next checkpoint
+                continue
             self._drop(cid)
             self._round[cid] = rnd
 

@@ -3,9 +3,11 @@ shapes, dtypes, finite values) and a dataset's Pool, each fault in one line nami
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import pytest
+import torch
 
 from fl.core import plugins, registry
 from fl.run.train import main
@@ -183,3 +185,48 @@ def test_a_config_error_a_plugin_raises_stays_a_config_error(tmp_path, capsys, i
                                  "many')"))
     assert main(without_settings_of("partition", tiny(tmp_path, "plugins=[zz_refusing]", f"{key}=zz_refusing"))) == 2
     assert capsys.readouterr().err.strip() == "error: data.partition.x=3 is too many"
+
+
+# ---- a robust aggregator survives a faulty client (issue 47 item 5) -------------------------------------------------
+def faulty_client_method(name: str, clients: tuple[int, ...]) -> None:
+    """Method `name`: FedAvg whose clients in `clients` train on a NaN loss at round 1 (a faulty client)."""
+    from dataclasses import make_dataclass
+
+    from fl.config import MethodConfig
+    from fl.core import ClientModule, Server
+    from fl.core.registry import register_method
+
+    class Faulty(ClientModule):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            return loss * float("nan") if self.round == 1 and self.cid in clients else loss
+
+    register_method(name, make_dataclass(f"{name}_config", [("name", str, name)], bases=(MethodConfig,)), Faulty,
+                    Server)
+
+
+@pytest.mark.parametrize("aggregator", ["median", "krum"])
+def test_a_robust_aggregator_leaves_a_non_finite_upload_out_and_the_run_goes_on(aggregator, tmp_path, capsys,
+                                                                               isolated_registry):
+    faulty_client_method("zz_faulty_1", (1,))
+    args = tiny(tmp_path, "method.name=zz_faulty_1", f"server.aggregator.name={aggregator}", "trainer.rounds=3",
+                "trainer.participation=1.0", "logger.run_name=run", optional=("server.aggregator.f=1",))
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: client 1's upload is non-finite at round 1; server.aggregator.name=") == 1
+    run = tmp_path / "outputs" / "run"
+    rows = read_metrics(run)
+    assert [r["server/faulty_uploads"] for r in rows] == [0.0, 1.0, 0.0]
+    assert "client/1/loss" not in rows[1] and all(math.isfinite(v) for r in rows for v in r.values())
+    assert "diverged" not in json.loads((run / "summary.json").read_text())
+    params = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["server"]["global_params"]
+    assert all(torch.isfinite(v).all() for v in params.values() if v.is_floating_point())
+
+
+@pytest.mark.parametrize("aggregator, clients", [("mean", (1,)), ("median", tuple(range(6)))])
+def test_the_mean_or_a_round_of_only_faulty_clients_stops_the_run_as_before(aggregator, clients, tmp_path, capsys,
+                                                                           isolated_registry):
+    faulty_client_method("zz_faulty_n", clients)
+    assert main(tiny(tmp_path, "method.name=zz_faulty_n", f"server.aggregator.name={aggregator}", "trainer.rounds=3",
+                     "trainer.participation=1.0", "logger.run_name=run")) == 1
+    assert "non-finite loss or parameters in method 'zz_faulty_n', client " in capsys.readouterr().err
