@@ -44,3 +44,15 @@ def _processes_only_in_slow_tests(request):
     helpers.current_test_is_slow = request.node.get_closest_marker("slow") is not None
     yield
     helpers.current_test_is_slow = None
+
+
+@pytest.fixture(autouse=True)
+def _rank_zero_restored():
+    """Lightning's process-wide rank for its rank-zero-only calls: a test that builds Fabric under a launcher's
+    environment sets it (tests/run/test_multinode.py's torchrun RANK=1 test leaves it at 1), and every later run in
+    that pytest worker then logs nothing to its metrics.jsonl (JsonlLogger's writes are rank-zero-only)."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    rank = getattr(rank_zero_only, "rank", 0)
+    yield
+    rank_zero_only.rank = rank
