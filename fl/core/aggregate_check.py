@@ -35,10 +35,10 @@ def structure_problem(result, reference: Optional[dict[str, Tensor]]) -> Optiona
     """Why `result` is not a dict of tensors with `reference`'s keys, shapes and dtypes (None: it is). `reference`:
     what the clients uploaded (their weighted mean or one upload); None checks only that it is a dict of tensors."""
     if not isinstance(result, dict):
-        return f"returned {type(result).__name__}, not a dict of torch tensors (parameter name -> tensor)"
+        return f"returned {plugins.type_name(result)}, not a dict of torch tensors (parameter name -> tensor)"
     for key, value in result.items():
         if not isinstance(value, Tensor):
-            return f"returned {type(value).__module__}.{type(value).__name__} for {key!r}, not a torch.Tensor"
+            return f"returned {plugins.type_name(value)} for {key!r}, not a torch.Tensor"
     if reference is None:
         return None
     missing, extra = [k for k in reference if k not in result], [k for k in result if k not in reference]

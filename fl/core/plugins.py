@@ -100,6 +100,14 @@ def code_location(fn) -> str:
         return getattr(fn, "__module__", "?")
 
 
+def type_name(value) -> str:
+    """What a plug-in returned, for a message: None, list, numpy.ndarray, torch.Tensor."""
+    if value is None:
+        return "None"
+    module = type(value).__module__
+    return type(value).__qualname__ if module == "builtins" else f"{module.split('.')[0]}.{type(value).__qualname__}"
+
+
 def short_path(path: str) -> str:
     """`path` relative to the working directory when under it, else as it is."""
     try:

@@ -16,6 +16,7 @@ from torch import Tensor
 from fl.config import ConfigError, param
 from fl.core import Split
 from fl.core.mapped_images import MappedImages
+from fl.core.plugins import type_name
 
 
 class DataError(ConfigError):
@@ -141,30 +142,26 @@ def check_layout(pool: Pool, where: str) -> None:
                           f"{channels} values each, or neither (0.5 each)")
 
 
-def _kind(value) -> str:
-    return "None" if value is None else f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")
-
-
 def check_contract(pool, where: str) -> None:
     """What a dataset plug-in returns, as Pool's fields declare it: types, lengths, label dtype and rank, finite
     mean/std, one class name per class, one domain id per sample within its names; one line naming `where` (the
     dataset and, for an outside plug-in, its file) otherwise, before the data is split or drawn."""
     if not isinstance(pool, Pool):
-        raise ConfigError(f"{where}: returned {_kind(pool)}, not a fl.data.Pool")
+        raise ConfigError(f"{where}: returned {type_name(pool)}, not a fl.data.Pool")
     if not isinstance(pool.num_classes, int) or isinstance(pool.num_classes, bool) or pool.num_classes < 1:
         raise ConfigError(f"{where}: num_classes={pool.num_classes!r}; it must be a positive int")
     for name, split in (("train", pool.train), ("test", pool.test)):
         if split is None and name == "test":
             continue
         if not isinstance(split, Split):
-            raise ConfigError(f"{where}: {name} is {_kind(split)}, not a fl.data.Split(x, y[, domain])")
+            raise ConfigError(f"{where}: {name} is {type_name(split)}, not a fl.data.Split(x, y[, domain])")
         xk, yk, dk = ("x", "y", "domain") if name == "train" else ("x_test", "y_test", "domain_test")
         if not isinstance(split.x, (Tensor, MappedImages)):
-            raise ConfigError(f"{where}: {xk} is {_kind(split.x)}, not a torch.Tensor (torch.from_numpy converts an "
-                              "array)")
+            raise ConfigError(f"{where}: {xk} is {type_name(split.x)}, not a torch.Tensor (torch.from_numpy "
+                              "converts an array)")
         if not isinstance(split.y, Tensor):
-            raise ConfigError(f"{where}: {yk} is {_kind(split.y)}, not a torch.Tensor (torch.from_numpy converts an "
-                              "array)")
+            raise ConfigError(f"{where}: {yk} is {type_name(split.y)}, not a torch.Tensor (torch.from_numpy "
+                              "converts an array)")
         if split.y.dim() != 1 or split.y.dtype.is_floating_point or split.y.dtype in (torch.bool, torch.complex64):
             raise ConfigError(f"{where}: {yk} is {str(split.y.dtype).removeprefix('torch.')} of shape "
                               f"{tuple(split.y.shape)}; labels are one integer class id per sample, int64 of shape "
@@ -174,8 +171,8 @@ def check_contract(pool, where: str) -> None:
                               "sample needs one label")
         if split.domain is not None:
             if not isinstance(split.domain, Tensor) or split.domain.dim() != 1 or split.domain.dtype.is_floating_point:
-                raise ConfigError(f"{where}: {dk} is {_kind(split.domain)}; domain ids are an integer torch.Tensor of "
-                                  "shape [N]")
+                raise ConfigError(f"{where}: {dk} is {type_name(split.domain)}; domain ids are an integer "
+                                  "torch.Tensor of shape [N]")
             if split.domain.shape[0] != split.y.shape[0]:
                 raise ConfigError(f"{where}: {dk} has {split.domain.shape[0]} entries for {split.y.shape[0]} "
                                   "samples; one domain id per sample")

@@ -9,12 +9,30 @@ import torch
 from omegaconf import DictConfig
 
 from fl.config import ConfigError
-from fl.core import ClientData
+from fl.core import ClientData, plugins
 from fl.core.federated_data import map_images
 from fl.core.plugin_calls import blamed
 from fl.core.registry import CLIENT_TRANSFORMS
 from fl.core.seeding import generator
 from fl.data.transforms import corrupt, frost_dir_default
+
+
+def checked(shift, name: str, fn, cid: int):
+    """`shift` whose result is checked against its input: a torch tensor of the same shape (rows, channels, image
+    size) and dtype, uint8 images. A transform that breaks this would surface later as another component's fault
+    (a model that cannot take the inputs, a split of the wrong size); one line naming it, its file and the client."""
+    def call(x: torch.Tensor) -> torch.Tensor:
+        out = shift(x)
+        where = f"data.client_transform.name={name!r} ({plugins.code_location(fn)}) for client {cid}"
+        if not isinstance(out, torch.Tensor):
+            raise ConfigError(f"{where} returned {plugins.type_name(out)}; a client transform "
+                              "returns the images as a torch tensor")
+        if out.shape != x.shape or out.dtype != x.dtype:
+            raise ConfigError(f"{where} returned {str(out.dtype).removeprefix('torch.')} {tuple(out.shape)} for "
+                              f"{str(x.dtype).removeprefix('torch.')} {tuple(x.shape)}; a client transform keeps "
+                              "the rows, channels, image size and dtype of the images it is given")
+        return out
+    return call
 
 
 def change_images(clients: list[ClientData], d: DictConfig, seed: int):
@@ -36,7 +54,8 @@ def change_images(clients: list[ClientData], d: DictConfig, seed: int):
         if c.train.x.dtype != torch.uint8 or c.train.x.dim() != 4 or c.train.x.shape[1] != 3:  # colour shifts
             raise ConfigError(f"data.client_transform.name={s.name!r} needs uint8 RGB images [N, 3, H, W]; "
                               f"data.name={d.name!r} gives {c.train.x.dtype} {list(c.train.x.shape[1:])}")
-        shift = functools.partial(plugin.fn, client=cid, num_clients=num_clients, seed=seed, s=s)
+        shift = checked(functools.partial(plugin.fn, client=cid, num_clients=num_clients, seed=seed, s=s), s.name,
+                        plugin.fn, cid)
         if not s.after_augment:  # one call on all splits: random corruptions (noise, blur angle) differ per image
             with blamed("data.client_transform.name", s.name, plugin.fn):
                 map_images(c.splits(), shift)

@@ -15,7 +15,7 @@ from tests.helpers import read_metrics, tiny
 
 # what a faulty aggregator returns, given the uploads' mean `m` -> what the error line says
 AGGREGATES = {
-    "none": ("None", "returned NoneType, not a dict of torch tensors"),
+    "none": ("None", "returned None, not a dict of torch tensors"),
     "numpy": ("{k: v.cpu().numpy() for k, v in m.items()}", "returned numpy.ndarray for "),
     "missing": ("dict(list(m.items())[1:])", "returned no tensor for 1 of the "),
     "extra": ("{**m, 'zz_extra': torch.zeros(1)}", "returned 1 key the clients did not upload (first: 'zz_extra')"),
@@ -230,3 +230,32 @@ def test_the_mean_or_a_round_of_only_faulty_clients_stops_the_run_as_before(aggr
     assert main(tiny(tmp_path, "method.name=zz_faulty_n", f"server.aggregator.name={aggregator}", "trainer.rounds=3",
                      "trainer.participation=1.0", "logger.run_name=run")) == 1
     assert "non-finite loss or parameters in method 'zz_faulty_n', client " in capsys.readouterr().err
+
+
+# ---- a client transform's result (issue 47 item 1) -----------------------------------------------------------------
+TRANSFORMS = {  # what it returns for x (one client's images, uint8 [N, 3, H, W]) -> what the error line says
+    "none": ("None", "for client 0 returned None; a client transform returns the images as a torch tensor"),
+    "numpy": ("x.numpy()", "for client 0 returned numpy.ndarray; a client transform returns"),
+    "row_dropped": ("x[1:]", "for client 0 returned uint8 ("),
+    "one_channel": ("x[:, :1]", "for client 0 returned uint8 ("),
+    "int64": ("x.long()", "for client 0 returned int64 ("),
+    "cropped": ("x[..., :4, :4] if client == 1 else x", "for client 1 returned uint8 ("),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(TRANSFORMS))
+def test_a_client_transforms_result_is_checked_per_client_before_any_run_directory(fault, tmp_path, capsys,
+                                                                                  isolated_registry):
+    name = f"zz_shift_{fault}"
+    (tmp_path / f"{name}.py").write_text(
+        "from fl.core.registry import register_client_transform\n\n\n"
+        f"@register_client_transform({name!r})\n"
+        "def shift(x, client, num_clients, seed, s):\n"
+        f"    return {TRANSFORMS[fault][0]}\n")
+    code = main(tiny(tmp_path, f"plugins=[{name}]", f"data.client_transform.name={name}", "data.name=embedded_domains",
+                     "logger.run_name=run"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith(f"error: data.client_transform.name={name!r} ({tmp_path / name}.py:4) "
+                                               f"{TRANSFORMS[fault][1]}"), err
+    assert not (tmp_path / "outputs").exists()
