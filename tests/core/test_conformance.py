@@ -16,69 +16,36 @@ import json
 import math
 
 import pytest
-import torch
 
 from fl.config import load_config
 from fl.data import build_data
 from fl.run.train import main
+from fl.testing import check_plugin, close_state, same_state
 from tests import conformance
 from tests.data.test_data_plugins import data_hash
 from tests.helpers import (
     ROOT,
     assert_same_rows,
-    interrupted_and_resumed,
     load_ckpt,
     read_metrics,
     run_cli,
     tiny,
 )
 
-RESUME = ("trainer.rounds=2", "trainer.checkpoint_every=10")  # Ctrl-C as round 1 starts; round 0 checkpointed
 
-
-def same_state(a, b, where: str = "") -> list[str]:
-    """Where two checkpoint parts (nested dicts, lists, tensors, numbers) differ; [] when equal bit for bit."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        if a.keys() != b.keys():
-            return [f"{where}: keys {sorted(map(str, a.keys() ^ b.keys()))[:3]}"]
-        return [d for k in a for d in same_state(a[k], b[k], f"{where}/{k}")]
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in same_state(x, y, f"{where}/{i}")]
-    if torch.is_tensor(a) and torch.is_tensor(b):
-        return [] if a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b) else [where]
-    equal = a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
-    return [] if equal else [where]
-
-
-def close_state(a, b, atol: float, where: str = "") -> list[str]:
-    """Like same_state, but floating-point tensors may differ by `atol` (float32 reduction order across processes)."""
-    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
-        return [d for k in a for d in close_state(a[k], b[k], atol, f"{where}/{k}")]
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in close_state(x, y, atol, f"{where}/{i}")]
-    if torch.is_tensor(a) and torch.is_tensor(b) and a.is_floating_point() and a.dtype == b.dtype \
-            and a.shape == b.shape:
-        return [] if torch.allclose(a, b, rtol=0, atol=atol, equal_nan=True) else [where]
-    return same_state(a, b, where)
-
-
-def assert_resumed_equals_uninterrupted(out, monkeypatch, *extra: str) -> None:
-    full, cut = interrupted_and_resumed(out, monkeypatch, *extra, *RESUME, at_round=1)
-    assert read_metrics(cut) == read_metrics(full)
-    a, b = load_ckpt(full), load_ckpt(cut)
-    assert same_state(a["server"], b["server"], "server") == []
-    assert same_state(a["clients"], b["clients"], "clients") == []
-
-
+# every method, and every aggregator with FedAvg's clients: fl.testing's check, as an outside plug-in's author runs it
+# (contract, then resumed = uninterrupted bit for bit); 1 vs 2 processes in groups below, one start-up a group
 @pytest.mark.parametrize("method", conformance.METHODS)
-def test_every_method_resumed_equals_uninterrupted(out, monkeypatch, method):
-    assert_resumed_equals_uninterrupted(out, monkeypatch, *conformance.method_args(method), *conformance.SMALL)
+def test_every_method_resumed_equals_uninterrupted(out, method):
+    check_plugin("method", method, out, overrides=[*conformance.FASTER.get(method, ()), *conformance.SMALL],
+                 processes=False)
 
 
 @pytest.mark.parametrize("aggregator", conformance.AGGREGATORS)
-def test_every_aggregator_resumed_equals_uninterrupted(out, monkeypatch, aggregator):
-    assert_resumed_equals_uninterrupted(out, monkeypatch, *conformance.aggregator_args(aggregator),
-                                        "data.num_clients=8", "data.embedded.samples_per_class=16")
+def test_every_aggregator_resumed_equals_uninterrupted(out, aggregator):
+    check_plugin("aggregator", aggregator, out, overrides=[*conformance.aggregator_args(aggregator)[1:],
+                                                           "data.num_clients=8", "data.embedded.samples_per_class=16"],
+                 processes=False)
 
 
 DATA_PLUGINS = ([("dataset", n) for n in conformance.DATASETS] + [("partition", n) for n in conformance.PARTITIONS]
