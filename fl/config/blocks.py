@@ -36,7 +36,9 @@ def check_choice(key: str, value, table: dict) -> None:
         raise ConfigError(f"{key}={value!r} cannot be used: {why}")
     if not isinstance(value, str) or value not in table:
         missing = registry.not_loaded(table)
-        raise ConfigError(choices_msg(key, value, table) + (f" ({missing})" if missing else ""))
+        raise ConfigError(choices_msg(key, value, table) + (f" ({missing})" if missing else "") + "; a plug-in's "
+                          "name is there once its module is imported: plugins=[package.module], or its package "
+                          "installed with an fl.plugins entry point")
 
 
 def _default_name(base: type) -> str:

@@ -103,9 +103,11 @@ ABSENT = _Absent()
 
 def config_diff(old: Any, new: Any, ignore: tuple[str, ...] = RESUMABLE_KEYS) -> list[tuple[str, Any, Any]]:
     """(key, old value, new value) for each resolved leaf that differs, keys starting with `ignore` aside;
-    a key missing on one side shows as ABSENT there."""
+    a key missing on one side shows as ABSENT there. A changed choice (a `.name` key) comes first: the settings
+    that came or went with it are its consequence, and a message names the cause."""
     a, b = _leaves(old, resolve=True), _leaves(new, resolve=True)
-    return [(k, a.get(k, ABSENT), b.get(k, ABSENT)) for k in sorted(a.keys() | b.keys())
+    keys = sorted(a.keys() | b.keys(), key=lambda k: (not k.endswith(".name"), k))
+    return [(k, a.get(k, ABSENT), b.get(k, ABSENT)) for k in keys
             if not k.startswith(ignore) and a.get(k, ABSENT) != b.get(k, ABSENT)]
 
 

@@ -188,3 +188,12 @@ def test_a_run_made_before_a_key_existed_is_refused_naming_the_key(out, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "server.aggregator.name did not exist when the run was made" in err
     assert "='mean'" in err and len(read_metrics(run_dir)) == 2  # nothing ran
+
+
+def test_a_changed_choice_is_named_before_the_settings_that_came_with_it(out, capsys):
+    run_dir = run_tiny(out, "trainer.rounds=1", name="mean")
+    assert main([f"resume={run_dir}", "server.aggregator.name=krum", "server.aggregator.f=0",
+                 "trainer.rounds=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: server.aggregator.name cannot change when resuming: the run has 'mean', this "
+                          "command 'krum'"), err
