@@ -4,8 +4,10 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from fl.core.plugin_calls import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(ValueError, UserError):
     """A configuration mistake; the message is one line meant for the user (exit code 2)."""
 
 

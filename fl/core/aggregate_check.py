@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from fl.core import plugins
+import fl.core.plugins as plugins
 from fl.core.aggregation import Uploads
 from fl.core.divergence import Divergence
 from fl.core.plugin_calls import PluginFault
@@ -24,9 +24,7 @@ class AggregatorFault(PluginFault):
 
 def aggregator_label(server) -> str:
     """The component whose result is checked: the chosen aggregator, or the method's own `aggregate`."""
-    from fl.core.server import Server  # the server imports this module's caller, not this module
-
-    if type(server).aggregate is Server.aggregate:
+    if server.uses_chosen_aggregator:
         return f"server.aggregator.name={server.aggregation.name!r} ({plugins.code_location(server.aggregator.fn)})"
     return f"method.name={server.cfg.method.name!r}'s aggregate ({plugins.code_location(type(server).aggregate)})"
 
@@ -72,9 +70,7 @@ def check_aggregate(result, uploads: Uploads, server, rnd: int) -> Optional[Dive
     """Raise AggregatorFault for a result of the wrong structure; return where it holds non-finite values (None:
     every value is finite). The chosen aggregator must return the uploads' keys, shapes and dtypes; a method's own
     `aggregate` may return other tensors, and is checked for type and finite values only."""
-    from fl.core.server import Server
-
-    own = type(server).aggregate is not Server.aggregate
+    own = not server.uses_chosen_aggregator
     reference = None if own else uploads.reference()
     if reference is not None and not reference and result in ({}, None):
         return None  # a round without uploads (no client was sampled) has nothing to aggregate

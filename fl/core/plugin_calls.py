@@ -8,7 +8,12 @@ import contextlib
 import inspect
 import traceback
 
-from fl.core import plugins
+import fl.core.plugins as plugins
+
+
+class UserError(Exception):
+    """The base of errors whose message is already one line naming a mistake in the input (fl.config's
+    ConfigError): raised inside a plug-in on purpose, it passes `blamed` unchanged."""
 
 
 class PluginFault(RuntimeError):
@@ -31,12 +36,10 @@ def raised_at(err: BaseException, fn) -> str:
 @contextlib.contextmanager
 def blamed(key: str, name: str, fn):
     """Around a call into plug-in `fn`, chosen by `key=name`: an exception it raises becomes a PluginFault naming
-    it. ConfigError (the plug-in's own word on the config) and PluginFault pass through unchanged."""
-    from fl.config import ConfigError  # fl.config imports the registry, which imports this package
-
+    it. A UserError such as ConfigError (the plug-in's own word on the config) and PluginFault pass unchanged."""
     try:
         yield
-    except (ConfigError, PluginFault):
+    except (UserError, PluginFault):
         raise
     except Exception as err:
         message = (str(err).splitlines() or [""])[0][:300]

@@ -59,10 +59,15 @@ class Server:
         return not self.aggregator.streams
 
     @property
+    def uses_chosen_aggregator(self) -> bool:
+        """`server.aggregator.name` aggregates for this server (a method that overrides `aggregate` has its own)."""
+        return type(self).aggregate is Server.aggregate
+
+    @property
     def leaves_out_faulty_uploads(self) -> bool:
         """The chosen aggregator is a robust rule and aggregates for this server: a client's non-finite upload is
         left out of its round instead of stopping the run (a method with its own aggregation stops as ever)."""
-        return self.aggregator.robust and type(self).aggregate is Server.aggregate
+        return self.aggregator.robust and self.uses_chosen_aggregator
 
     @classmethod
     def own_aggregation(cls, hp: DictConfig) -> Optional[str]:

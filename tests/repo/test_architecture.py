@@ -26,6 +26,7 @@ ALLOWED = {
     "reproduce": {"config", "sweep", "report", "run"},  # fl.reproduce: the papers' tables through fl.sweep, fl.report
     "run": {"core", "config", "data", "report"},
     "train": {"run"},  # fl/train.py and fl/__main__.py: the entry point
+    "testing": {"core", "config", "run"},  # fl.testing: a plug-in author's checks run fl.train's main in-process
 }
 
 
