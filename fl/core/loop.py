@@ -56,7 +56,9 @@ LOSS_SCALE = "loss_scale"  # a client state's entry: its GradScaler state under 
 # What the loop itself logs every round, and which way is better; the clients' training scalars (train/<name>) are
 # their ClientModule's metric_directions (fl/core/metric_directions.py).
 LOOP_METRICS: Directions = {"train/clients": NEITHER, "comm/bytes_up": LOWER, "comm/bytes_down": LOWER,
-                            "time/round_s": LOWER, "server/faulty_uploads": LOWER}
+                            "time/round_s": LOWER}
+# ... and under a robust aggregator (server.aggregator.name), the faulty uploads it left out of each round
+ROBUST_METRICS: Directions = {"server/faulty_uploads": LOWER}
 
 
 class TrainingFault(RuntimeError):

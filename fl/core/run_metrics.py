@@ -8,9 +8,10 @@ from omegaconf import DictConfig
 
 from fl.core.callbacks import callback_class
 from fl.core.evaluation import client_metric_directions
-from fl.core.loop import LOOP_METRICS, validation_keys
+from fl.core.loop import LOOP_METRICS, ROBUST_METRICS, validation_keys
 from fl.core.metric_directions import Directions, declared
-from fl.core.registry import EVALUATORS, METHODS, load_plugins
+from fl.core.registry import AGGREGATORS, EVALUATORS, METHODS, load_plugins
+from fl.core.server import Server
 
 
 def diagnostics(cfg: DictConfig) -> list[str]:
@@ -32,6 +33,8 @@ def run_directions(cfg: DictConfig) -> Directions:
     load_plugins()
     spec = METHODS[cfg.method.name]
     out = dict(LOOP_METRICS)
+    if AGGREGATORS[cfg.server.aggregator.name].robust and spec.server_cls.aggregate is Server.aggregate:
+        out.update(ROBUST_METRICS)
     out.update({f"train/{k}": v for k, v in declared(spec.client_cls).items()})
     tested = client_metric_directions(cfg, spec.client_cls)
     validated = dict(tested)

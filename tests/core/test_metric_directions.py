@@ -162,3 +162,8 @@ def test_a_sweep_file_whose_goal_is_against_its_metric_stops_before_any_run(tmp_
     err = capsys.readouterr().err
     assert "the sweep's metric.goal='minimize' is against test/acc_mean_clients" in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_a_robust_aggregators_count_of_faulty_uploads_is_known_before_the_run():
+    assert "server/faulty_uploads" not in run_directions(load_config([]))  # the mean stops at a faulty upload
+    assert run_directions(load_config(["server.aggregator.name=median"]))["server/faulty_uploads"] == LOWER
