@@ -21,13 +21,23 @@ from omegaconf import DictConfig, OmegaConf
 from fl.config import CONF_DIR, ConfigError, config_diff, expand_arms, load_config, to_yaml
 from fl.config.blocks import plugin_choices
 from fl.config.load import ABSENT, added_key_message, import_argv_plugins
-from fl.core import METHODS, CheckpointError, Interrupted, Orchestrator, TrainingFault, build_model, latest_checkpoint
+from fl.core import (
+    METHODS,
+    CheckpointError,
+    Interrupted,
+    Orchestrator,
+    TrainingFault,
+    build_model,
+    latest_checkpoint,
+    plugins,
+)
 from fl.core.callbacks import CallbackError, make_callbacks
 from fl.core.exchange import gather_objects
 from fl.core.loop import Diverged
 from fl.core.mapped_images import DamagedImages
 from fl.core.metric_directions import directions_of, lookup
 from fl.core.plugin_calls import PluginFault
+from fl.core.registry import MODELS
 from fl.core.run_metrics import diagnostics, run_directions
 from fl.core.state import (
     CHECKPOINT_NAMES,
@@ -95,10 +105,17 @@ def _check_model(cfg: DictConfig, data) -> None:
     x = data.prepare(next(c.train for c in data.clients if len(c.train)).x[:2])
     try:
         with torch.no_grad():
-            model.eval()(x)
+            out = model.eval()(x)
     except RuntimeError as err:
         raise ConfigError(f"model.name={cfg.model.name!r} cannot take the inputs of data.name={cfg.data.name!r} "
                           f"(shape {tuple(x.shape[1:])}): {str(err).splitlines()[0]}") from None
+    wanted = (x.shape[0], data.num_classes)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != wanted:
+        where = f"model.name={m.name!r}" + (f" ({plugins.code_location(MODELS[m.name])})"
+                                            if plugins.outside("model", m.name) else "")
+        got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else plugins.type_name(out)
+        raise ConfigError(f"{where} returned {got} for {x.shape[0]} inputs; a model returns logits [N, num_classes] "
+                          f"= {wanted} for data.name={cfg.data.name!r}")
 
 
 def resume_point(cfg: DictConfig, data) -> tuple[Path, dict, list[str]] | None:

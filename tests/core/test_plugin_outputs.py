@@ -259,3 +259,27 @@ def test_a_client_transforms_result_is_checked_per_client_before_any_run_directo
     assert len(err) == 1 and err[0].startswith(f"error: data.client_transform.name={name!r} ({tmp_path / name}.py:4) "
                                                f"{TRANSFORMS[fault][1]}"), err
     assert not (tmp_path / "outputs").exists()
+
+
+# ---- a model's output (issue 47 item 1) ----------------------------------------------------------------------------
+@pytest.mark.parametrize("forward, said", [
+    ("x.flatten(1)[:, :7]", "returned shape (2, 7) for 2 inputs; a model returns logits [N, num_classes] = (2, 10)"),
+    ("(x.flatten(1)[:, :10], x)", "returned tuple for 2 inputs; a model returns logits"),
+])
+def test_a_model_whose_output_is_not_logits_is_one_line_before_any_run_directory(forward, said, tmp_path, capsys,
+                                                                                isolated_registry):
+    (tmp_path / "zz_model.py").write_text(
+        "from torch import nn\n\nfrom fl.core.registry import register_model\n\n\n"
+        "class Bad(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.w = nn.Linear(1, 1)\n\n"
+        "    def forward(self, x):\n"
+        f"        return {forward}\n\n\n"
+        "@register_model('zz_model')\n"
+        "def build(cfg, input_shape, num_classes):\n"
+        "    return Bad()\n")
+    assert main(tiny(tmp_path, "plugins=[zz_model]", "model.name=zz_model", "logger.run_name=run")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: model.name='zz_model' ({tmp_path}/zz_model.py:15) {said}"), err
+    assert not (tmp_path / "outputs").exists()
