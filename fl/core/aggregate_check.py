@@ -72,7 +72,7 @@ def check_aggregate(result, uploads: Uploads, server, rnd: int) -> Optional[Dive
     `aggregate` may return other tensors, and is checked for type and finite values only."""
     own = not server.uses_chosen_aggregator
     reference = None if own else uploads.reference()
-    if reference is not None and not reference and result in ({}, None):
+    if reference is not None and not reference and (result is None or isinstance(result, dict) and not result):
         return None  # a round without uploads (no client was sampled) has nothing to aggregate
     problem = structure_problem(result, reference)
     if problem is not None:

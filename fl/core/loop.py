@@ -316,7 +316,8 @@ class Orchestrator:
             fault = check_aggregate(aggregated, gathered, server, rnd)
             if fault is not None:
                 raise non_finite(fault)
-            fabric.call("server_step", round_ctx, aggregated, {r.cid: r.message for r in results})
+            fabric.call("server_step", round_ctx, aggregated,  # a left-out client's message is as faulty as its upload
+                        {r.cid: r.message for r in results if r.cid not in left_out})
 
         metrics = self._train_metrics(results)
         if server.leaves_out_faulty_uploads:

@@ -283,3 +283,25 @@ def test_a_model_whose_output_is_not_logits_is_one_line_before_any_run_directory
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: model.name='zz_model' ({tmp_path}/zz_model.py:15) {said}"), err
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_left_out_clients_message_does_not_reach_the_server_step(tmp_path, capsys, isolated_registry):
+    # SCAFFOLD's clients send their control-variate change as a message beside the upload: under a robust rule a
+    # faulty client's is left out with it, or the server's control variate would turn NaN
+    from fl.methods.scaffold import ScaffoldClient
+
+    original = ScaffoldClient.client_loss
+
+    def faulty(self, forward, params, inputs, batch, mask=None):
+        out = original(self, forward, params, inputs, batch, mask)
+        return {k: v * float("nan") for k, v in out.items()} if self.round == 1 and self.cid == 1 else out
+
+    ScaffoldClient.client_loss = faulty
+    try:
+        assert main(tiny(tmp_path, "method.name=scaffold", "server.aggregator.name=median", "trainer.rounds=3",
+                         "trainer.participation=1.0", "logger.run_name=run")) == 0
+    finally:
+        ScaffoldClient.client_loss = original
+    state = torch.load(tmp_path / "outputs" / "run" / "checkpoints" / "last.ckpt", weights_only=False)["server"]
+    tensors = [v for part in state.values() if isinstance(part, dict) for v in part.values() if torch.is_tensor(v)]
+    assert tensors and all(torch.isfinite(v).all() for v in tensors if v.is_floating_point())
