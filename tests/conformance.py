@@ -39,7 +39,7 @@ FASTER = {
     "fedas": ("trainer.local_steps=4", "method.align_steps=1"),
 }
 # settings that make an aggregator choose among this many clients (its defaults otherwise)
-AGGREGATOR_SETTINGS = {"trimmed_mean": ("server.aggregator.trim_fraction=0.25",),
+AGGREGATOR_SETTINGS = {"trimmed_mean": ("server.aggregator.trim_fraction=0.34",),  # trims 1 value a side of 3
                        "krum": ("server.aggregator.f=0", "server.aggregator.m=2"),
                        "norm_clip": ("server.aggregator.max_norm=0.5",)}
 # a small federation: 4 clients of 16 images per class

@@ -16,18 +16,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from torch.overrides import TorchFunctionMode
+
+import fl.testing as fl_testing
+from fl.testing import tiny_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# A small, fast federation used across tests (seconds per run on a 2-core CPU).
-TINY = ["logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients=6",
-        "data.embedded.samples_per_class=40",
-        "data.partition.min_client_size=5", "model.width=4", "trainer.rounds=3", "trainer.batch_size=16",
-        "trainer.participation=0.5", "trainer.checkpoint_every=2", "trainer.eval_every=1",
-        "evaluators.adaptability.every=1",  # every evaluator on every round: resuming with more rounds changes nothing
-        "logger.partition_plots=false"]  # 0.3 s a run; the heatmaps' own tests draw them (tests/data/test_heatmaps.py)
+# A small, fast federation used across tests (seconds per run on a 2-core CPU), the one fl.testing's checks run
+TINY = list(fl_testing.TINY)
+
 
 def markdown_headings(text: str) -> list[tuple[int, str, int]]:
     """(level, title, line index) of each Markdown heading outside fenced code blocks (a `# comment` in a bash
@@ -62,31 +60,9 @@ current_test_is_slow: bool | None = None
 
 
 def tiny(out: Path, *extra: str, optional: tuple[str, ...] = ()) -> list[str]:
-    """TINY, writing under `out`, then `extra`, then `optional`. TINY's and `optional`'s settings of a dataset or
-    partition (data.embedded.*, data.partition.min_client_size) are left out where the run's own dataset or partition
-    does not take them."""
-    args = TINY + [f"logger.output_dir={out / 'outputs'}", f"data.root={out / 'data'}", *extra, *optional]
-    shape = _schema_of(args)
-    left = set(TINY) | set(optional)
-    return [a for a in args if a not in left or shape is None or
-            OmegaConf.select(shape, a.split("=", 1)[0], default="<absent>") != "<absent>"]
-
-
-def _schema_of(args: list[str]):
-    """The schema of the run `args` describe (its config, then the arguments); None when the arguments are not a
-    fresh run's or are bad (the run itself reports them)."""
-    from fl.config import ConfigError
-    from fl.config.blocks import chosen, schema
-    from fl.config.load import DEFAULT_CONF, load_conf_file, parse_argv, resolve_conf_path
-
-    try:
-        conf, overrides = parse_argv(args)
-        if any(a.startswith("resume=") for a in overrides):
-            return None
-        names = [a for a in overrides if a.split("=", 1)[0].endswith(".name")]
-        return schema(chosen(load_conf_file(resolve_conf_path(conf or DEFAULT_CONF)), OmegaConf.from_dotlist(names)))
-    except ConfigError:
-        return None
+    """TINY writing under `out`, then `extra`, then `optional`, less the settings the run's chosen plug-ins do not
+    take: fl.testing's tiny_args, which plug-in authors' checks use too."""
+    return tiny_args(out, *extra, optional=optional)
 
 
 # ---- runs ------------------------------------------------------------------------------------------
