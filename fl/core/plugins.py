@@ -45,7 +45,6 @@ class Failure:
 
 ORIGINS: dict[tuple[str, str], str] = {}  # (kind, name) -> the module that registered it
 FAILED: dict[str, Failure] = {}  # module -> why it was skipped
-CONTESTED: dict[tuple[str, str], list[str]] = {}  # (kind, name) -> the modules that registered it (the first kept)
 _entry_points_done = False
 _entry_point: Optional[str] = None  # the entry point being imported ("name = module" of a distribution), for warnings
 
@@ -128,12 +127,11 @@ def refuse_taken(kind: str, name: str, module: str) -> None:
     """A registration of a name another module holds: refused alone, in one warning line naming the file (and the
     entry point it came through); the first holder keeps the name."""
     first = origin(kind, name) or "?"
-    CONTESTED.setdefault((kind, name), [first]).append(module)
     if os.environ.get("LOCAL_RANK", "0") not in ("", "0"):
         return
     via = f" (entry point {_entry_point})" if _entry_point else ""
     print(f"warning: {module_file(module)}{via}: {kind} {name!r} is taken by {module_file(first)}; this registration "
-          f"is refused and {kind}.name={name} stays that one: rename it to select it", file=sys.stderr)
+          f"is refused and {name!r} stays that one: rename it to select it", file=sys.stderr)
 
 
 def _warn(failure: Failure, err: Exception) -> None:

@@ -51,7 +51,6 @@ def isolated_registry(monkeypatch):
     registry.load_plugins()  # the package's own first, so that they are what is restored
     saved, modules = {kind: dict(table) for kind, table in registry.TABLES.items()}, set(sys.modules)
     monkeypatch.setattr(plugins, "FAILED", {})
-    monkeypatch.setattr(plugins, "CONTESTED", {})
     yield
     for kind, table in registry.TABLES.items():
         table.clear()
