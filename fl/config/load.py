@@ -524,7 +524,22 @@ def load_config(argv: list[str], check: bool = True) -> DictConfig:
         cfg.trainer.local_epochs = None  # steps win; keep the resolved config honest
     if check:
         validate(cfg)
+        check_evaluator_settings(cfg, cli)
     return cfg
+
+
+def check_evaluator_settings(cfg: DictConfig, cli: DictConfig) -> None:
+    """An evaluator's setting given on the command line for an evaluator the run does not run: refused (a config file
+    may set one for the runs that enable it)."""
+    given = OmegaConf.select(cli, "evaluators", default=None)
+    running = registry.evaluator_names(cfg.trainer.evaluators)
+    for name in given or {}:
+        if name not in running:
+            key = next(iter(_leaf_keys(cli.evaluators[name])), None)
+            shown = f"evaluators.{name}.{key}" if key else f"evaluators.{name}"
+            raise ConfigError(f"{shown}={OmegaConf.select(cli, shown)} is read only when the {name!r} evaluator "
+                              f"runs; trainer.evaluators runs [{', '.join(running)}]: add {name} to it, or leave "
+                              f"{shown} out")
 
 
 def config_plugins(*sources) -> list[str]:

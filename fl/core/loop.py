@@ -30,6 +30,7 @@ from fl.core.context import EvalContext, RoundContext
 from fl.core.divergence import Divergence, find_divergence, initial_norm, parameter_norm, reference_loss, squared_norms
 from fl.core.eval_schedule import is_eval_round
 from fl.core.evaluation import Evaluator, evaluate_clients
+from fl.core.evaluator_check import checked_metrics
 from fl.core.exchange import (
     LocalResult,
     all_finite,
@@ -43,8 +44,9 @@ from fl.core.federated_data import FederatedData
 from fl.core.metric_directions import LOWER, NEITHER, Directions
 from fl.core.optim import build_optimizer, is_finetune_round
 from fl.core.parallel import ParallelClients, why_sequential
+from fl.core.plugin_calls import blamed
 from fl.core.precision import loss_scaler
-from fl.core.registry import EVALUATORS, METHODS
+from fl.core.registry import EVALUATORS, METHODS, evaluator_names
 from fl.core.seeding import derive_seed, seed_torch
 from fl.core.server import Server
 from fl.core.state import CheckpointError, ClientStateStore, host_memory_bytes, make_state_store, save_checkpoint
@@ -127,10 +129,8 @@ def validation_keys(metrics: dict[str, float]) -> dict[str, float]:
 def enabled_evaluators(cfg: DictConfig) -> list[Evaluator]:
     """One instance of each evaluator `trainer.evaluators` names (null: every default one), with its
     `evaluators.<name>` settings."""
-    names = cfg.trainer.evaluators
-    names = [n for n, cls in EVALUATORS.items() if cls.default] if names is None else list(names)
     settings = cfg.get("evaluators") or {}
-    return [EVALUATORS[n](settings.get(n)) for n in names]
+    return [EVALUATORS[n](settings.get(n)) for n in evaluator_names(cfg.trainer.evaluators)]
 
 
 def make_client_module(cfg: DictConfig, fabric: Fabric, data: FederatedData) -> tuple[ClientModule, FederatedData]:
@@ -368,17 +368,30 @@ class Orchestrator:
         try:
             metrics = evaluate_clients(ctx)
             for evaluator in self.evaluators:
-                metrics.update(evaluator.evaluate(ctx))
+                metrics.update(self.run_evaluator(evaluator, ctx))
             if self.data.has_validation:
                 val_ctx = dataclasses.replace(ctx, data=self.data.validation_view())  # shares ctx.personalized
                 val = evaluate_clients(val_ctx)
                 for evaluator in self.evaluators:
                     if evaluator.on_validation:
-                        val.update(evaluator.evaluate(val_ctx))
+                        val.update(self.run_evaluator(evaluator, val_ctx))
                 metrics.update(validation_keys(val))
         finally:
             ctx.personalized.clear()  # the evaluation is over: the personalised copies go
         return metrics
+
+    def run_evaluator(self, evaluator: Evaluator, ctx: EvalContext) -> dict[str, float]:
+        """One evaluator's metrics, its exceptions and its result's faults reported as its own
+        (fl/core/evaluator_check.py)."""
+        with blamed("trainer.evaluators", evaluator.name, type(evaluator).evaluate):
+            result = evaluator.evaluate(ctx)
+        return checked_metrics(evaluator, result, ctx.round, model_finite=self.diverged is None)
+
+    def score_local_model(self, ctx: EvalContext, cid: int) -> None:
+        """Each evaluator that scores local models, on client cid's, right after its local training."""
+        for evaluator in self.evaluators:
+            with blamed("trainer.evaluators", evaluator.name, type(evaluator).on_local_model):
+                evaluator.on_local_model(ctx, cid)
 
     # ---- local work ---------------------------------------------------------------------------
     def load_client(self, rnd: int, cid: int, read_ahead: bool = False) -> ClientModule:
@@ -451,8 +464,8 @@ class Orchestrator:
         norm = parameter_norm(upload.params)  # non-finite exactly when a parameter is
         fault = None if math.isfinite(logs.get("loss", 0.0)) and math.isfinite(norm) else (
             Divergence(ctx.round, cid, self.cfg.method.name, NON_FINITE))
-        for evaluator in self.evaluators if fault is None else ():  # evaluators that score the local models (a
-            evaluator.on_local_model(ctx, cid)  # faulty one is not scored: a robust aggregator may go on without it)
+        if fault is None:  # a faulty local model is not scored: a robust aggregator may go on without it
+            self.score_local_model(ctx, cid)
         new_state = self.with_loss_scale(m.client_state())
         if m.keep_optimizer_state:
             new_state["optimizer"] = to_cpu(optimizer.state_dict())
@@ -470,8 +483,7 @@ class Orchestrator:
         optimizer = self.fabric.setup_optimizers(build_optimizer(self.cfg, m.parameters(), m.lr))
         logs = m.fit_local(optimizer, epochs=t.local_epochs, steps=t.local_steps, purpose="finetune", hooks=False,
                            step=m.finetune_step)
-        for evaluator in self.evaluators:
-            evaluator.on_local_model(ctx, m.cid)
+        self.score_local_model(ctx, m.cid)
         fault = None if math.isfinite(logs.get("loss", 0.0)) and all_finite(m.private_state()) else (
             Divergence(ctx.round, m.cid, self.cfg.method.name, f"{NON_FINITE} (fine-tuning)"))
         result = LocalResult(m.cid, self.with_loss_scale(m.client_state()), {}, logs, fault,

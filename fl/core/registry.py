@@ -170,6 +170,11 @@ def register_evaluator(cls: type) -> type:
     return _registrar(EVALUATORS, "evaluator")(cls.name)(cls)
 
 
+def evaluator_names(chosen) -> list[str]:
+    """The evaluators a run runs: those `trainer.evaluators` names (`chosen`), or every default one when it is null."""
+    return [n for n, cls in EVALUATORS.items() if cls.default] if chosen is None else list(chosen)
+
+
 def discover(package: str) -> None:
     """Import every module under `package`'s path, in name order (one imported before is not imported again), so a
     plug-in is one file dropped into the folder. A file that fails to import, or registers a name already taken, is

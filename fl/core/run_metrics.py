@@ -10,7 +10,7 @@ from fl.core.callbacks import callback_class
 from fl.core.evaluation import client_metric_directions
 from fl.core.loop import LOOP_METRICS, ROBUST_METRICS, validation_keys
 from fl.core.metric_directions import Directions, declared
-from fl.core.registry import AGGREGATORS, EVALUATORS, METHODS, load_plugins
+from fl.core.registry import AGGREGATORS, EVALUATORS, METHODS, evaluator_names, load_plugins
 from fl.core.server import Server
 
 
@@ -21,8 +21,7 @@ def diagnostics(cfg: DictConfig) -> list[str]:
     load_plugins()
     spec = METHODS[cfg.method.name]
     keys = [f"train/{k}" for k in declared(spec.client_cls) if k != "loss"] + list(declared(spec.server_cls))
-    names = cfg.trainer.evaluators
-    for name in [n for n, cls in EVALUATORS.items() if cls.default] if names is None else names:
+    for name in evaluator_names(cfg.trainer.evaluators):
         keys += [k for k in EVALUATORS[name].logged_directions(cfg, spec.client_cls) if not k.startswith(("test/",
                                                                                                         "val/"))]
     return [k for k in dict.fromkeys(keys) if not k.endswith("*")]
@@ -38,8 +37,7 @@ def run_directions(cfg: DictConfig) -> Directions:
     out.update({f"train/{k}": v for k, v in declared(spec.client_cls).items()})
     tested = client_metric_directions(cfg, spec.client_cls)
     validated = dict(tested)
-    names = cfg.trainer.evaluators
-    for name in [n for n, cls in EVALUATORS.items() if cls.default] if names is None else names:
+    for name in evaluator_names(cfg.trainer.evaluators):
         evaluator = EVALUATORS[name]
         logs = evaluator.logged_directions(cfg, spec.client_cls)
         tested.update(logs)

@@ -147,9 +147,11 @@ class Adaptability(Evaluator):
         sums, n = local_probability_matrix(ctx.module, ctx.data.clients[cid].train)
         present = n > 0
         P = sums / n.clamp_min(1)[:, None]
-        kl = kl_pq(P, present, self.hp.kl_tau) if bool(present.any()) else torch.tensor(math.nan)
-        absent = P[present][:, ~present].sum(1).mean() if bool(present.any()) else torch.tensor(math.nan)
-        self.stash[cid] = (correct.cpu(), total.cpu(), float(kl), float(absent))
+        if bool(present.any()):
+            kl, absent = float(kl_pq(P, present, self.hp.kl_tau)), float(P[present][:, ~present].sum(1).mean())
+        else:  # no training data: no P to measure; the client's KL is left out, not logged as NaN
+            kl = absent = math.nan
+        self.stash[cid] = (correct.cpu(), total.cpu(), kl, absent)
 
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
         mine, self.stash = self.stash, {}
@@ -175,9 +177,11 @@ class Adaptability(Evaluator):
         tested = total[has][0] > 0  # every local model is scored on the same pooled test set
         errors = 1.0 - correct[has] / total[has].clamp_min(1)
         risk = adaptability_risk(errors, pi_bar, tested)
-        out = {"test/adaptability": float(risk.mean()), "test/kl_PQ": float(kl[has].mean()),
-               "test/absent_mass": float(absent[has].mean())}
-        out.update({f"client/{cid}/kl_PQ": float(kl[cid]) for cid in torch.nonzero(has).flatten().tolist()})
+        out = {"test/adaptability": float(risk.mean())}
+        measured = has & kl.isfinite()  # the local models of clients with training data
+        if bool(measured.any()):
+            out.update({"test/kl_PQ": float(kl[measured].mean()), "test/absent_mass": float(absent[measured].mean())})
+            out.update({f"client/{cid}/kl_PQ": float(kl[cid]) for cid in torch.nonzero(measured).flatten().tolist()})
         return out
 
 

@@ -16,6 +16,7 @@ USAGE = """usage: python -m fl.train [conf=NAME] [key=value ...] [resume=RUN_DIR
        python -m fl.train method.name=NAME --help      (that method's hyperparameters)
        python -m fl.train data.name=NAME --help        (that dataset's settings; also data.partition.name=NAME,
                                                         data.client_transform.name=NAME, server.aggregator.name=NAME)
+       python -m fl.train trainer.evaluators=[NAME,...] --help  (those evaluators' settings and metrics)
        python -m fl.train [conf=NAME] [key=value ...] --print-config
 
 Runs a federated experiment: conf=NAME loads conf/NAME.yaml (default: quickstart), key=value overrides any
@@ -116,6 +117,21 @@ def data_plugin_help(block: str, name: str, values=None) -> str:
     own = settings_lines(block, plugin.settings, values)
     return "\n".join([f"{block}.name={name}: {_describe(plugin.fn)}", "",
                       "settings:" if own else "settings: none of its own", *own])
+
+
+def evaluator_help(name: str, values=None) -> str:
+    """An evaluator's settings (evaluators.<name>.*) and the metrics it declares, with which way each is better;
+    `values`: the config's evaluators.<name> block."""
+    registry.load_plugins()
+    if name not in registry.EVALUATORS:
+        raise ConfigError(choices_msg("trainer.evaluators", name, registry.EVALUATORS))
+    cls = registry.EVALUATORS[name]
+    own = settings_lines(f"evaluators.{name}", cls.Settings, values)
+    runs = "runs by default" if cls.default else "runs when trainer.evaluators names it"
+    lines = [f"evaluator {name}: {_describe(cls)} ({runs})", "",
+             "settings:" if own else "settings: none of its own", *own, "",
+             "metrics (per-client client/<i>/... aside):"]
+    return "\n".join(lines + [f"  {k}  ({describe(d)})" for k, d in declared(cls).items()])
 
 
 def method_help(name: str, values=None) -> str:

@@ -37,7 +37,7 @@ from fl.core.loop import Diverged
 from fl.core.mapped_images import DamagedImages
 from fl.core.metric_directions import directions_of, lookup
 from fl.core.plugin_calls import PluginFault
-from fl.core.registry import MODELS
+from fl.core.registry import MODELS, evaluator_names
 from fl.core.run_metrics import diagnostics, run_directions
 from fl.core.state import (
     CHECKPOINT_NAMES,
@@ -51,7 +51,7 @@ from fl.data import DataError, build_data
 from fl.report.aliases import current_names
 from fl.report.summary import summarize_history
 from fl.report.wandb_access import has_wandb_key, wandb_mode
-from fl.run.cli_help import USAGE, data_plugin_help, list_items, method_help
+from fl.run.cli_help import USAGE, data_plugin_help, evaluator_help, list_items, method_help
 from fl.run.determinism import deterministic_algorithms
 from fl.run.lightning_import import import_lightning
 from fl.run.preflight import print_client_notes
@@ -255,7 +255,11 @@ def print_only(argv: list[str]) -> int | None:
         named = any(a.startswith(("method.name=", "conf=")) for a in rest) or blocks
         cfg = load_config(rest, check=False) if named else None  # no target etc. needed to read it
         shown = [data_plugin_help(b, OmegaConf.select(cfg, f"{b}.name"), OmegaConf.select(cfg, b)) for b in blocks]
-        if not blocks or any(a.startswith("method.name=") for a in rest):
+        if any(a.startswith("trainer.evaluators=") for a in rest):
+            evaluators = load_config(rest, check=False)
+            shown += [evaluator_help(n, OmegaConf.select(evaluators, f"evaluators.{n}"))
+                      for n in evaluator_names(evaluators.trainer.evaluators)]
+        if not shown or any(a.startswith("method.name=") for a in rest):
             shown.insert(0, method_help(cfg.method.name, cfg.method) if named else USAGE)
         print("\n\n".join(shown))
         return 0

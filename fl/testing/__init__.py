@@ -54,9 +54,11 @@ def tiny_args(out: Path, *extra: str, optional: Sequence[str] = ()) -> list[str]
     """TINY writing under `out`, then `extra`, then `optional`; TINY's and `optional`'s settings that the run's
     chosen plug-ins do not take are left out (data.embedded.* where the dataset is another)."""
     args = [*TINY, f"logger.output_dir={out / 'outputs'}", f"data.root={out / 'data'}", *extra, *optional]
-    shape = _schema_of(args)
+    shape, running = _schema_of(args), _running_evaluators(args)
     left = set(TINY) | set(optional)
-    return [a for a in args if a not in left or shape is None or _has(shape, a.split("=", 1)[0])]
+    return [a for a in args if a not in left or shape is None or (
+        _has(shape, a.split("=", 1)[0]) and (running is None or not a.startswith("evaluators.")
+                                             or a.split(".")[1] in running))]
 
 
 def check_plugin(kind: str, name: str, workdir: Path | str, *, plugins: Sequence[str] = (),
@@ -180,6 +182,28 @@ def _schema_of(args: list[str]):
         names = [a for a in overrides if a.split("=", 1)[0].endswith(".name")]
         return schema(chosen(load_conf_file(resolve_conf_path(conf or DEFAULT_CONF)), OmegaConf.from_dotlist(names)))
     except (ConfigError, ImportError):
+        return None
+
+
+def _running_evaluators(args: list[str]):
+    """The evaluators the run `args` describe runs (an evaluator's settings are refused when it does not run); None
+    when the arguments are bad (the run itself reports them)."""
+    from omegaconf import OmegaConf
+
+    from fl.config import ConfigError
+    from fl.config.load import DEFAULT_CONF, load_conf_file, parse_argv, resolve_conf_path
+    from fl.core import registry
+
+    try:
+        conf, overrides = parse_argv(args)
+        chosen = OmegaConf.select(load_conf_file(resolve_conf_path(conf or DEFAULT_CONF)), "trainer.evaluators",
+                                  default=None)
+        for a in overrides:
+            if a.startswith("trainer.evaluators="):
+                chosen = OmegaConf.from_dotlist([a]).trainer.evaluators
+        registry.load_plugins()
+        return set(registry.evaluator_names(chosen))
+    except (ConfigError, ImportError, ValueError):
         return None
 
 

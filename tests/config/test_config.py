@@ -74,6 +74,8 @@ from tests.helpers import run_cli, tiny
     ("method.name=fedavg_ft finetune.schedule=cosine finetune.lr=0.1", ["finetune.schedule='cosine'",
                                                                      "set finetune.after_round,"]),
     ("finetune.lr=0.1", ["finetune.lr=0.1", "finetune.after_round", "method.name='fedavg'"]),
+    ("trainer.evaluators=[system] evaluators.adaptability.kl_tau=0.9",  # issue 47: accepted silently before
+     ["evaluators.adaptability.kl_tau=0.9 is read only when the 'adaptability' evaluator runs", "[system]"]),
     ("data.partition.seed=-1", ["data.partition.seed=-1", ">= 0"]),
     ("conf=", ["'conf='", "names no config", "conf=quickstart"]),
 ])

@@ -105,3 +105,13 @@ def test_a_nan_under_two_processes_is_reported_once(tmp_path):
     res = run_cli(args, cwd=tmp_path, script=(str(ROOT / "tests" / "nan_at_round.py"),))
     assert res.returncode == 1, res.stderr[-2000:]
     assert res.stderr.count("non-finite") == 1, res.stderr[-2000:]
+
+
+def test_evaluator_help_shows_its_settings_values_and_metric_directions(capsys):
+    assert main(["trainer.evaluators=[adaptability,global_acc]", "evaluators.adaptability.every=3", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "evaluators.adaptability.every=3  (int, default 5)  [>= 1]" in out
+    assert "test/adaptability  (lower is better)" in out and "test/acc_global_balanced  (higher is better)" in out
+    assert "evaluator global_acc:" in out and "settings: none of its own" in out
+    assert main(["trainer.evaluators=[nope]", "--help"]) == 2
+    assert "trainer.evaluators='nope' is not valid" in capsys.readouterr().err
