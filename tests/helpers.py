@@ -1,7 +1,7 @@
 """What test files share: the tiny federation, runs in and out of process, checkpoints, and patches that
 record or interrupt a run. Fixtures live in conftest.py; everything else a test imports comes from here.
 
-Functions that start a process (`run_cli`, `one_and_two_processes`) refuse to run in a test that is not
+Functions that start a process (`run_cli`) refuse to run in a test that is not
 marked `@pytest.mark.slow`, so `pytest -m "not slow"` never starts one.
 """
 from __future__ import annotations
@@ -87,16 +87,6 @@ def run_tiny(out: Path, *extra: str, name: str, threads: int | None = 1) -> Path
     pinned = [f"fabric.cpu_threads={threads}"] if threads else []
     assert main(tiny(out, *pinned, f"logger.run_name={name}", *extra)) == 0
     return out / "outputs" / name
-
-
-def one_and_two_processes(out: Path, *extra: str) -> tuple[Path, Path]:
-    """The same tiny run (one intra-op thread) on one process and with Fabric ddp on two; returns the run dirs
-    outputs/one and outputs/two. Slow tests only."""
-    common = tiny(out, "fabric.cpu_threads=1", *extra)
-    one = run_cli(common + ["logger.run_name=one"], cwd=out)
-    two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out)
-    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
-    return out / "outputs" / "one", out / "outputs" / "two"
 
 
 def assert_same_rows(a: list[dict], b: list[dict], abs: float) -> None:

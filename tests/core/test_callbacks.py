@@ -2,6 +2,7 @@
 resume), a user callback named by import path called in order with the right rounds, and bad entries refused in one
 line."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -17,12 +18,12 @@ from tests.helpers import (
     global_params,
     interrupted_and_resumed,
     load_ckpt,
-    one_and_two_processes,
     read_metrics,
     run_tiny,
     tiny,
     without_timing,
 )
+from tests.process_pairs import on_one_and_two_processes
 
 
 def stop_round(callback: EarlyStopping, history: dict[int, float]) -> int | None:
@@ -126,9 +127,8 @@ def test_user_callbacks_are_called_in_order_with_the_rounds_and_narrow_contexts(
     assert {c[4] for c in recording_callbacks.CALLS} == {"RoundContext"}
 
 
-@pytest.mark.slow
-def test_early_stopping_on_one_and_two_processes(out):
-    one, two = one_and_two_processes(out, *EARLY_STOP, "data.num_clients=7", "trainer.participation=0.6")
+@on_one_and_two_processes("early_stopping", *EARLY_STOP, "data.num_clients=7", "trainer.participation=0.6")
+def early_stopping_same_on_one_and_two_processes(one: Path, two: Path) -> None:
     assert_same_rows(read_metrics(one), read_metrics(two), abs=1e-5)
     assert [r["round"] for r in read_metrics(two)] == [0, 1, 2, 3]
     assert load_ckpt(one)["stopped"] == load_ckpt(two)["stopped"] != None  # noqa: E711

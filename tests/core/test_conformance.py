@@ -12,8 +12,11 @@ time (tests/core/test_parallel_clients.py), every aggregator's chunked computati
 every method's docs page and index row (tests/repo/test_docs.py)."""
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
+from collections.abc import Callable
 
 import pytest
 
@@ -21,7 +24,7 @@ from fl.config import load_config
 from fl.data import build_data
 from fl.run.train import main
 from fl.testing import check_plugin, close_state, same_state
-from tests import conformance
+from tests import conformance, process_pairs
 from tests.data.test_data_plugins import data_hash
 from tests.helpers import (
     ROOT,
@@ -73,15 +76,38 @@ TWO = ("trainer.rounds=2", "data.num_clients=4", "trainer.participation=0.75", "
        "data.embedded.samples_per_class=16")  # SMALL's 4 clients, 3 a round: 2 on one process, 1 on the other
 
 
-def every_run(out) -> dict[str, tuple[tuple[str, ...], bool]]:
-    """name -> (its arguments, whether 1 and 2 processes must agree bit for bit): every method, every aggregator
-    (every upload gathered in client order: bitwise) and every data plug-in with a generated configuration."""
-    runs = {f"method_{m}": (conformance.method_args(m), False) for m in conformance.METHODS}
-    runs.update({f"aggregator_{a}": (conformance.aggregator_args(a), True) for a in conformance.AGGREGATORS})
+def same_run(bitwise: bool):
+    """A plug-in's run on 1 and 2 processes: the same metrics within float32 reduction order (bit for bit for the
+    aggregators that keep every upload) and the same server state (a method's own, such as FedMosaic's pseudo-labels,
+    where it keeps no global model)."""
+    def check(one, two) -> None:
+        sa, sb = (load_ckpt(d)["server"] for d in (one, two))
+        if bitwise:
+            assert read_metrics(one) == read_metrics(two)
+            assert same_state(sa, sb) == []
+        else:
+            assert_same_rows(read_metrics(one), read_metrics(two), abs=1e-5)
+            assert close_state(sa, sb, atol=1e-5) == []
+    return check
+
+
+def every_run(out) -> dict[str, tuple[Callable[[tuple, str], list[str]], Callable]]:
+    """name -> (its arguments given a side's extra ones and a run name, the check of its 1- and 2-process run
+    directories): every method, every aggregator (every upload gathered in client order: bitwise), every data
+    plug-in with a generated configuration, in TWO's federation; and the runs other tests declare
+    (tests/process_pairs.py) in their own."""
+    plugin_runs = {f"method_{m}": (conformance.method_args(m), False) for m in conformance.METHODS}
+    plugin_runs.update({f"aggregator_{a}": (conformance.aggregator_args(a), True) for a in conformance.AGGREGATORS})
     for kind, name in DATA_PLUGINS:
         args = conformance.data_args(kind, name, str(out))
         if not isinstance(args, str):
-            runs[f"{kind.replace(' ', '_')}_{name}"] = (args, False)
+            plugin_runs[f"{kind.replace(' ', '_')}_{name}"] = (args, False)
+    runs = {name: (functools.partial(lambda a, extra, run: tiny(out, *a, *extra, f"logger.run_name={run}",
+                                                                optional=TWO), args), same_run(bitwise))
+            for name, (args, bitwise) in plugin_runs.items()}
+    for name, (args, check) in process_pairs.declared().items():
+        runs[f"pair_{name}"] = (functools.partial(lambda a, extra, run: tiny(out, "fabric.cpu_threads=1", *a, *extra,
+                                                                             f"logger.run_name={run}"), args), check)
     return runs
 
 
@@ -90,30 +116,30 @@ GROUPS = 4
 
 @pytest.mark.slow
 @pytest.mark.parametrize("group", range(GROUPS))
-def test_every_plugin_on_one_and_two_processes(out, group):
+def test_every_plugin_and_declared_run_on_one_and_two_processes(out, group):
     """A quarter of every_run's runs, each on 1 process and on 2 (Fabric ddp, gloo), the runs of each side in one
-    process pair: the same metrics within float32 reduction order (bit for bit for the aggregators that keep every
-    upload) and the same global model."""
+    process pair (one start-up a side, tests/every_method.py), each checked by its own check."""
     runs = dict(sorted(every_run(out).items())[group::GROUPS])
     for side, extra in (("one", ()), ("two", ("fabric.strategy=ddp", "fabric.devices=2"))):
-        listed = [tiny(out, *args, *extra, f"logger.run_name={side}_{name}", optional=TWO)
-                  for name, (args, _) in runs.items()]
+        listed = [arguments(extra, f"{side}_{name}") for name, (arguments, _) in runs.items()]
         (out / f"{side}.json").write_text(json.dumps(listed))
         res = run_cli([str(out / f"{side}.json")], cwd=out, script=(str(ROOT / "tests" / "every_method.py"),),
                       timeout=560)
-        assert res.returncode == 0 and res.stdout.count(" exited 0") >= len(runs), res.stdout[-3000:] + res.stderr[
-            -3000:]
+        exited = re.findall(r"run (\S+) exited (-?\d+)", res.stdout)  # every process's (their lines may interleave)
+        failed = [f"{run} exited {code}" for run, code in exited if code != "0"]
+        missing = {f"{side}_{name}" for name in runs} - {run for run, code in exited if code == "0"}
+        assert res.returncode == 0 and not failed and not missing, (failed, missing, res.stderr[-3000:])
     differ = []
-    for name, (_, bitwise) in runs.items():
-        one, two = out / "outputs" / f"one_{name}", out / "outputs" / f"two_{name}"
-        sa, sb = (load_ckpt(d)["server"] for d in (one, two))  # the server's whole state: a method's own (FedMosaic's
-        try:                                                     # pseudo-labels) where it keeps no global model
-            if bitwise:
-                assert read_metrics(one) == read_metrics(two)
-                assert same_state(sa, sb) == []
-            else:
-                assert_same_rows(read_metrics(one), read_metrics(two), abs=1e-5)
-                assert close_state(sa, sb, atol=1e-5) == []
+    for name, (_, check) in runs.items():
+        try:
+            check(out / "outputs" / f"one_{name}", out / "outputs" / f"two_{name}")
         except AssertionError as err:
-            differ.append(f"{name}: {str(err).splitlines()[0][:200]}")
+            differ.append(f"{name}: {(str(err).splitlines() or [type(err).__name__])[0][:200]}")
     assert differ == []
+
+
+def test_every_module_that_declares_a_run_on_one_and_two_processes_is_listed():
+    line = "from tests.process_pairs import " + "on_one_and_two_processes"  # not this file's own line
+    declaring = {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "tests").rglob("test_*.py")
+                 if line in p.read_text()}
+    assert declaring == set(process_pairs.MODULES)

@@ -25,13 +25,13 @@ from tests.helpers import (
     global_params,
     interrupted_and_resumed,
     load_ckpt,
-    one_and_two_processes,
     read_metrics,
     run_cli,
     run_tiny,
     tiny,
     without_timing,
 )
+from tests.process_pairs import on_one_and_two_processes
 
 
 def run(out: Path, *extra: str, name: str) -> Path:
@@ -202,14 +202,15 @@ def test_sigkill_then_resume_is_bitwise_identical(out):
 
 
 # ---- processes -----------------------------------------------------------------------------------
-@pytest.mark.slow
-@pytest.mark.parametrize("method, participation, norm", [("fedavg", 0.6, "none"), ("fedper", 0.1, "batch"),
-                                                       ("local", 0.6, "none")])
-def test_one_and_two_processes_give_the_same_run(out, method, participation, norm):
-    # participation 0.1 of 7 clients: one client per round, so one process trains nothing; BatchNorm adds
-    # integer counters, which are reduced by maximum rather than averaged
-    one, two = one_and_two_processes(out, f"method.name={method}", "trainer.rounds=4", "data.num_clients=7",
-                                     f"trainer.participation={participation}", f"model.norm={norm}")
+# participation 0.1 of 7 clients: one client per round, so one process trains nothing; BatchNorm adds integer
+# counters, which are reduced by maximum rather than averaged
+@on_one_and_two_processes("loop_fedavg", "method.name=fedavg", "trainer.rounds=4", "data.num_clients=7",
+                          "trainer.participation=0.6", "model.norm=none")
+@on_one_and_two_processes("loop_fedper_one_client_a_round", "method.name=fedper", "trainer.rounds=4",
+                          "data.num_clients=7", "trainer.participation=0.1", "model.norm=batch")
+@on_one_and_two_processes("loop_local", "method.name=local", "trainer.rounds=4", "data.num_clients=7",
+                          "trainer.participation=0.6", "model.norm=none")
+def loop_same_on_one_and_two_processes(one: Path, two: Path) -> None:
     assert_same_rows(read_metrics(one), read_metrics(two), abs=1e-5)
     ca, cb = load_ckpt(one), load_ckpt(two)
     for k, v in ca["server"]["global_params"].items():

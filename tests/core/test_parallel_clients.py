@@ -4,6 +4,7 @@ global model, client states and metrics within float32 reduction order, with une
 sequential loop with a one-line notice."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,11 +20,11 @@ from tests.helpers import (
     assert_same_rows,
     client_states,
     global_params,
-    one_and_two_processes,
     read_metrics,
     run_tiny,
     tiny,
 )
+from tests.process_pairs import on_one_and_two_processes
 
 OPTIMIZERS = {
     "sgd": (),
@@ -250,9 +251,8 @@ def test_a_subclass_does_not_inherit_the_opt_in(out):
     assert "Changed.functional" in parallel.why_sequential(Changed.__new__(Changed), cfg)
 
 
-@pytest.mark.slow
-def test_two_processes_each_batching_their_own_clients_equal_one(out):
-    one, two = one_and_two_processes(out, *UNEQUAL, "method.name=fedper", "trainer.parallel_clients=4")
+@on_one_and_two_processes("parallel_clients_fedper", *UNEQUAL, "method.name=fedper", "trainer.parallel_clients=4")
+def k_at_once_same_on_one_and_two_processes(one: Path, two: Path) -> None:
     assert_same_run(one, two)
 
 

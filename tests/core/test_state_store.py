@@ -34,13 +34,13 @@ from tests.helpers import (
     global_params,
     interrupted_and_resumed,
     load_ckpt,
-    one_and_two_processes,
     read_metrics,
     run_cli,
     run_tiny,
     same_private_states,
     tiny,
 )
+from tests.process_pairs import on_one_and_two_processes
 
 DISK = "state.cache_mb=0.001"  # 1 KiB: every state goes to disk as soon as it is stored
 RUN = "0123abcd"  # a run id, for stores made by hand
@@ -238,12 +238,11 @@ def test_sigkill_inside_a_state_file_write_then_resume_equals_an_uninterrupted_r
     assert same_private_states(client_states(killed), client_states(out / "outputs" / "full"))
 
 
-@pytest.mark.slow
-def test_two_processes_own_their_clients_and_a_one_process_resume_reads_their_files(out):
+@on_one_and_two_processes("disk_store_ditto", "method.name=ditto", "trainer.rounds=4", "data.num_clients=7",
+                          "trainer.participation=0.6", "trainer.checkpoint_every=2", DISK)
+def disk_store_same_on_one_and_two_processes_and_resumable_on_one(one: Path, two: Path) -> None:
     """ddp on 2 processes with the disk store: the same run as 1 process (each process wrote only the files of the
     clients it owns, cid % 2), and with the shared state.dir a 1-process resume continues it."""
-    one, two = one_and_two_processes(out, "method.name=ditto", "trainer.rounds=4", "data.num_clients=7",
-                                     "trainer.participation=0.6", "trainer.checkpoint_every=2", DISK)
     assert_same_rows(read_metrics(one), read_metrics(two), abs=1e-5)
     sa, sb = client_states(one), client_states(two)
     assert sa.keys() == sb.keys()
@@ -251,7 +250,7 @@ def test_two_processes_own_their_clients_and_a_one_process_resume_reads_their_fi
         for k, v in sa[c]["private"].items():
             torch.testing.assert_close(sb[c]["private"][k], v, rtol=0, atol=1e-5)
     assert not list((two / "client_states").glob("*.lock"))  # each process held its own while it ran
-    res = run_cli([f"resume={two}", "trainer.rounds=6"], cwd=out)  # 2 processes wrote it, 1 continues
+    res = run_cli([f"resume={two}", "trainer.rounds=6"], cwd=two.parent.parent)  # 2 processes wrote it, 1 continues
     assert res.returncode == 0, res.stderr[-2000:]
     assert load_ckpt(two)["round"] == 5
 

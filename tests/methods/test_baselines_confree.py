@@ -6,6 +6,7 @@ rounds are FedRep's at c = 0 and (1 + c) times its step otherwise, a round equal
 resume equals uninterrupted (its configs: tests/config/test_baseline_configs.py)."""
 import functools
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,12 +26,12 @@ from tests.helpers import (
     initial_model,
     interrupted_and_resumed,
     load_ckpt,
-    one_and_two_processes,
     read_metrics,
     record_uploads,
     run_tiny,
     tiny,
 )
+from tests.process_pairs import on_one_and_two_processes
 
 
 @pytest.fixture(autouse=True)
@@ -285,13 +286,11 @@ def test_resume_equals_uninterrupted(out, monkeypatch):
                for c in a["clients"] for k in a["clients"][c]["private"])
 
 
-@pytest.mark.slow
-def test_one_and_two_processes_give_the_same_run(out):
+@on_one_and_two_processes("confree", "method.name=confree", "method.c=0.5", "trainer.rounds=2", "data.num_clients=7",
+                          "trainer.participation=0.6", "trainer.local_steps=3", "method.head_steps=1")
+def confree_same_on_one_and_two_processes(one: Path, two: Path) -> None:
     """Every process gathers all the messages and runs the same server step in client order: the global body is
     bitwise the same on 1 and 2 processes, and so are the personal heads."""
-    one, two = one_and_two_processes(out, "method.name=confree", "method.c=0.5", "trainer.rounds=2",
-                                     "data.num_clients=7", "trainer.participation=0.6", "trainer.local_steps=3",
-                                     "method.head_steps=1")
     assert_same_rows(read_metrics(one), read_metrics(two), abs=1e-6)
     a, b = load_ckpt(one), load_ckpt(two)
     ga, gb = a["server"]["global_params"], b["server"]["global_params"]

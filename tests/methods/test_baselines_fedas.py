@@ -5,6 +5,7 @@ Fisher-weighted server step by hand on fabricated uploads (equal traces give the
 weights is FedPer exactly; resume equals the uninterrupted run (its configs: tests/config/test_baseline_configs.py)."""
 import copy
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,12 +23,12 @@ from tests.helpers import (
     global_params,
     initial_model,
     interrupted_and_resumed,
-    one_and_two_processes,
     orchestrator,
     read_metrics,
     run_tiny,
     tiny,
 )
+from tests.process_pairs import on_one_and_two_processes
 
 BODY = "model.backbone."
 
@@ -242,12 +243,11 @@ def test_resume_equals_uninterrupted(out, monkeypatch):
     assert any(r["train/align_mse"] > 0 for r in rows[1:])  # a returning client's body differs from the broadcast
 
 
-@pytest.mark.slow
-def test_one_and_two_processes_give_the_same_run(out):
+@on_one_and_two_processes("fedas", "method.name=fedas", "trainer.rounds=2", "data.num_clients=7",
+                          "trainer.participation=0.6", "trainer.local_steps=3", "method.align_steps=1")
+def fedas_same_on_one_and_two_processes(one: Path, two: Path) -> None:
     """Each process weighs its own clients by their tr(F_i) and every process runs the same server step: the global
     body, the metrics and every client's state (previous body, personal head) match on 1 and 2 processes."""
-    one, two = one_and_two_processes(out, "method.name=fedas", "trainer.rounds=2", "data.num_clients=7",
-                                     "trainer.participation=0.6", "trainer.local_steps=3", "method.align_steps=1")
     assert_same_rows(read_metrics(one), read_metrics(two), abs=1e-6)
     ga, gb = global_params(one), global_params(two)
     assert ga.keys() == gb.keys()

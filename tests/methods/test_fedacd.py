@@ -2,6 +2,7 @@
 the spec's closed forms for L1, L2, P, Q, V and the adaptability risk; V-weighted aggregation against the
 uploads; the diagnostics for other methods; 1 vs 2 processes."""
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +20,9 @@ from fl.methods.fedacd.losses import (
 )
 from fl.metrics.adaptability import adaptability_risk, client_dist_accuracy, kl_pq, mean_label_distribution, template_q
 from fl.run.train import main
-from tests.helpers import assert_same_rows, load_ckpt, one_and_two_processes, orchestrator, read_metrics, run_cli, tiny
+from tests.helpers import assert_same_rows, load_ckpt, orchestrator, read_metrics, run_cli, tiny
 from tests.helpers import run_tiny as run
+from tests.process_pairs import on_one_and_two_processes
 
 
 def l1_direct(p: torch.Tensor, y: torch.Tensor, detach_q: bool = False) -> torch.Tensor:
@@ -287,10 +289,9 @@ def test_every_method_reports_the_diagnostics(out, method):
         assert 0 <= r["test/acc_global_balanced"] <= 1 and 0 <= r["test/acc_global_client_dist"] <= 1
 
 
-@pytest.mark.slow
-def test_one_and_two_processes_agree(out):
-    one, two = one_and_two_processes(out, "method.name=fedacd", "trainer.rounds=2", "evaluators.adaptability.every=1",
-                                     "data.num_clients=7", "model.norm=batch")
+@on_one_and_two_processes("fedacd", "method.name=fedacd", "trainer.rounds=2", "evaluators.adaptability.every=1",
+                          "data.num_clients=7", "model.norm=batch")
+def fedacd_same_on_one_and_two_processes(one: Path, two: Path) -> None:
     a, b = read_metrics(one), read_metrics(two)
     assert all("test/adaptability" in r and "test/acc_global_balanced" in r for r in a)
     assert_same_rows(a, b, abs=1e-6)

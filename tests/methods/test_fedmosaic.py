@@ -25,8 +25,9 @@ from fl.methods.fedmosaic.vote import (
 )
 from fl.run.train import main
 from tests.helpers import load_ckpt as ckpt
-from tests.helpers import one_and_two_processes, read_metrics, run_tiny, tiny
+from tests.helpers import read_metrics, run_tiny, tiny
 from tests.helpers import same_private_states as same_clients
+from tests.process_pairs import on_one_and_two_processes
 
 # 6 clients x 3 rounds x 3 local steps, a public set of 40: seconds per run
 MOSAIC = ["method.name=fedmosaic", "data.public_size=40", "trainer.local_steps=3", "trainer.participation=1.0",
@@ -255,10 +256,9 @@ def test_resume_continues_the_same_run(out, extra):
     assert all(s["optimizer"]["state"] for s in cf["clients"].values())  # Adam moments kept per client
 
 
-@pytest.mark.slow
-def test_one_and_two_processes_give_the_same_pseudo_labels(out):
-    one, two = one_and_two_processes(out, *MOSAIC, "trainer.rounds=3", "data.num_clients=5", "model.norm=batch",
-                                     "method.tie_break=random")
+@on_one_and_two_processes("fedmosaic_pseudo_labels", *MOSAIC, "trainer.rounds=3", "data.num_clients=5",
+                          "model.norm=batch", "method.tie_break=random")
+def same_pseudo_labels_on_one_and_two_processes(one: Path, two: Path) -> None:
     a, b = read_metrics(one), read_metrics(two)
     assert a == b
     ca, cb = ckpt(one), ckpt(two)

@@ -1,6 +1,8 @@
 """Methods with a second, personal model beside the global one: Ditto, APFL, pFedMe, Per-FedAvg and FedPHP
 (fl/methods/{ditto,apfl,pfedme,perfedavg,fedphp}.py). Each method's defining property, checkpoint/resume of
 their per-client state, and 1-vs-2 processes (APFL)."""
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,12 +19,12 @@ from tests.helpers import (
     assert_same_rows,
     initial_model,
     interrupted_and_resumed,
-    one_and_two_processes,
     read_metrics,
     tiny,
 )
 from tests.helpers import load_ckpt as ckpt
 from tests.helpers import run_tiny as run
+from tests.process_pairs import on_one_and_two_processes
 
 
 def test_ditto_with_lambda_zero_trains_the_personal_model_as_local_does(out):
@@ -254,10 +256,9 @@ def test_resume_restores_every_clients_state(out, method, monkeypatch):
             assert torch.equal(torch.as_tensor(s[k]), torch.as_tensor(b["clients"][cid][k])), k
 
 
-@pytest.mark.slow
-def test_apfl_one_and_two_processes_give_the_same_run(out):
-    one, two = one_and_two_processes(out, "method.name=apfl", "trainer.rounds=3", "data.num_clients=7",
-                                     "trainer.participation=0.6")
+@on_one_and_two_processes("apfl", "method.name=apfl", "trainer.rounds=3", "data.num_clients=7",
+                          "trainer.participation=0.6")
+def apfl_same_on_one_and_two_processes(one: Path, two: Path) -> None:
     a, b = read_metrics(one), read_metrics(two)
     assert len(a) == 3
     assert_same_rows(a, b, abs=1e-5)

@@ -22,7 +22,8 @@ from fl.methods.pfedfda.stats import (
     solve_beta,
 )
 from fl.run.train import main
-from tests.helpers import assert_same_rows, load_ckpt, one_and_two_processes, orchestrator, read_metrics, tiny
+from tests.helpers import assert_same_rows, load_ckpt, orchestrator, read_metrics, tiny
+from tests.process_pairs import on_one_and_two_processes
 
 D64 = torch.float64
 
@@ -241,10 +242,9 @@ def test_end_to_end_logs_betas_and_uses_every_client_in_the_last_round(out):
     assert all(len(state["beta"]) == 2 for state in ckpt["clients"].values())
 
 
-@pytest.mark.slow
-def test_one_and_two_processes_agree(out):
-    one, two = one_and_two_processes(out, "method.name=pfedfda", "trainer.rounds=3", "data.num_clients=7",
-                                     "trainer.evaluators=[]")
+@on_one_and_two_processes("pfedfda", "method.name=pfedfda", "trainer.rounds=3", "data.num_clients=7",
+                          "trainer.evaluators=[]")
+def pfedfda_same_on_one_and_two_processes(one: Path, two: Path) -> None:
     assert_same_rows(read_metrics(one), read_metrics(two), abs=1e-6)
     ca, cb = load_ckpt(one), load_ckpt(two)
     torch.testing.assert_close(cb["server"]["mu"], ca["server"]["mu"], rtol=0, atol=1e-6)

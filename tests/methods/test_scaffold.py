@@ -2,7 +2,8 @@
 control-variate update in closed form and against a hand-written loop, the correction changes training
 from round 1 on, resume, and 1-vs-2 processes."""
 
-import pytest
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
@@ -12,9 +13,10 @@ from fl.core.loop import sample_clients
 from fl.core.seeding import generator
 from fl.data import build_data
 from fl.run.train import main
-from tests.helpers import assert_same_rows, initial_model, one_and_two_processes, read_metrics, tiny
+from tests.helpers import assert_same_rows, initial_model, read_metrics, tiny
 from tests.helpers import load_ckpt as ckpt
 from tests.helpers import run_tiny as run
+from tests.process_pairs import on_one_and_two_processes
 
 
 def test_round_0_equals_fedavg_exactly(out):
@@ -145,10 +147,9 @@ def test_correction_changes_training_from_round_1_and_resume_is_exact(out):
         assert all(torch.equal(ca[k], cb[k]) for k in ca)
 
 
-@pytest.mark.slow
-def test_one_and_two_processes_give_the_same_run(out):
-    one, two = one_and_two_processes(out, "method.name=scaffold", "trainer.rounds=4", "data.num_clients=7",
-                                     "trainer.participation=0.6")
+@on_one_and_two_processes("scaffold", "method.name=scaffold", "trainer.rounds=4", "data.num_clients=7",
+                          "trainer.participation=0.6")
+def scaffold_same_on_one_and_two_processes(one: Path, two: Path) -> None:
     a, b = read_metrics(one), read_metrics(two)
     assert len(a) == 4
     assert_same_rows(a, b, abs=1e-5)

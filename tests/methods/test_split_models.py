@@ -21,9 +21,10 @@ from fl.methods.fedrep import FedRepClient
 from fl.methods.fedrod import FedRoDClient, balanced_softmax_loss
 from fl.methods.lg_fedavg import LGFedAvgClient
 from fl.run.train import main
-from tests.helpers import assert_same_rows, initial_model, one_and_two_processes, read_metrics, record_uploads, tiny
+from tests.helpers import assert_same_rows, initial_model, read_metrics, record_uploads, tiny
 from tests.helpers import load_ckpt as ckpt
 from tests.helpers import run_tiny as run
+from tests.process_pairs import on_one_and_two_processes
 
 
 # ---- FedBN ----------------------------------------------------------------------------------------
@@ -276,10 +277,9 @@ def test_fedpac_resume_is_exact(out):
         assert all(torch.equal(pa[k], pb[k]) for k in pa)
 
 
-@pytest.mark.slow
-def test_fedpac_one_and_two_processes_give_the_same_run(out):
-    one, two = one_and_two_processes(out, "method.name=fedpac", "trainer.rounds=3", "data.num_clients=7",
-                                     "trainer.participation=0.6")
+@on_one_and_two_processes("fedpac", "method.name=fedpac", "trainer.rounds=3", "data.num_clients=7",
+                          "trainer.participation=0.6")
+def fedpac_same_on_one_and_two_processes(one: Path, two: Path) -> None:
     a, b = read_metrics(one), read_metrics(two)
     assert len(a) == 3
     assert_same_rows(a, b, abs=1e-5)

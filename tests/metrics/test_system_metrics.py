@@ -12,7 +12,8 @@ from fl.data import build_data
 from fl.metrics.system import majority_vote, routed_queries
 from fl.report.summary import summarize_history
 from fl.run.train import main
-from tests.helpers import TorchCalls, assert_same_rows, load_ckpt, one_and_two_processes, read_metrics, tiny
+from tests.helpers import TorchCalls, assert_same_rows, load_ckpt, read_metrics, tiny
+from tests.process_pairs import on_one_and_two_processes
 
 
 def test_majority_vote_breaks_ties_toward_the_smallest_label():
@@ -102,12 +103,17 @@ def test_methods_with_only_a_global_model_are_skipped(out):
     assert not any(k.startswith(("test/system", "test/routing")) for k in read_metrics(out / "outputs" / "glob")[-1])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["feddrm", "fedavg_ft"])
-def test_one_and_two_processes_give_the_same_system_metrics(out, method):
-    # fedavg_ft: majority vote over personalised (fine-tuned) models; feddrm: routing
-    one, two = one_and_two_processes(out, f"method.name={method}", "trainer.rounds=2", "data.num_clients=7",
-                                     "trainer.participation=0.6", "trainer.checkpoint_every=0")
-    a, b = read_metrics(one), read_metrics(two)
-    assert "test/system_acc" in a[-1] and ("test/routing_acc" in a[-1]) == (method == "feddrm")
-    assert_same_rows(a, b, abs=1e-5)
+def same_system_metrics(method: str):
+    """The system metrics of `method` on 1 and 2 processes: the same (fedavg_ft: majority vote over personalised
+    (fine-tuned) models; feddrm: routing)."""
+    def check(one: Path, two: Path) -> None:
+        a, b = read_metrics(one), read_metrics(two)
+        assert "test/system_acc" in a[-1] and ("test/routing_acc" in a[-1]) == (method == "feddrm")
+        assert_same_rows(a, b, abs=1e-5)
+    return check
+
+
+for _method in ("feddrm", "fedavg_ft"):
+    on_one_and_two_processes(f"system_metrics_{_method}", f"method.name={_method}", "trainer.rounds=2",
+                             "data.num_clients=7", "trainer.participation=0.6",
+                             "trainer.checkpoint_every=0")(same_system_metrics(_method))
