@@ -260,13 +260,13 @@ class Smoke:
                     f"n/a: needs 2 GPUs, {torch.cuda.device_count()} visible", "bitwise equal")
             return
         devices = "GPUs" if self.device == "cuda" else "processes (gloo)"
-        rc1, last1, one = self.run_processes(args + ["fabric.deterministic=true"], self.name("devices-1"), 1)
+        # the 1-device side is run a above (fabric.devices=1 is the default)
         rc2, last2, two = self.run_processes(args + ["fabric.deterministic=true"], self.name("devices-2"), 2)
-        if rc1 or rc2:
-            self.add("determinism", f"1 vs 2 {devices}", f"FAILED (exit {rc1}/{rc2}: {last1 or last2})",
+        if rc_a or rc2:
+            self.add("determinism", f"1 vs 2 {devices}", f"FAILED (exit {rc_a}/{rc2}: {last_a or last2})",
                      "bitwise equal", False)
         else:
-            same, detail = same_run(one, two)
+            same, detail = same_run(dir_a, two)
             self.add("determinism", f"1 vs 2 {devices}, fabric.deterministic=true",
                      "bitwise equal" if same else f"differ: {detail}", "bitwise equal", same)
 
