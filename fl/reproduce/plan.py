@@ -14,7 +14,7 @@ from pathlib import Path
 from fl.config import ARM, ConfigError
 from fl.reproduce.cells import CellKey
 from fl.reproduce.paper import Paper, ReproduceError, SweepRef, Table
-from fl.sweep.runner import Job, check_reuse, plan_points
+from fl.sweep.runner import Job, check_reuse, plan_points, point_id
 from fl.sweep.spec import Sweep, expand, load_sweep
 
 TWIN_EXTRA = ("fabric.cpu_threads=1",)  # twins run --parallel N at once, one intra-op thread each
@@ -145,6 +145,9 @@ def _jobs(plan: Plan, ref: SweepRef, index: int, point: dict, seeds: list[int], 
     sweep, _ = cache[ref.sweep]
     folder = out / "runs" / f"{sweep.name}{_slug(ref.overrides)}"
     group = plan.groups.setdefault(folder.name, Group(ref, sweep, folder, [*extra, *ref.overrides]))
+    names = [f"{point_id(index, point)}-s{seed}" for seed in seeds]
+    if None not in seeds and all(n in group.jobs for n in names):  # another cell's point: planned and checked once
+        return [group.jobs[n] for n in names]
     try:
         jobs = plan_points(sweep, [point], folder, seeds, group.extra, indices=[index])
     except ConfigError as err:
