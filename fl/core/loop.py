@@ -237,6 +237,11 @@ class Orchestrator:
             return None
         reason = why_sequential(self.module, self.cfg)
         if reason is None:
+            if self.fabric.device.type == "cpu" and self.fabric.is_global_zero:  # a CPU is not launch-bound
+                print(f"notice: trainer.parallel_clients={k} on a CPU: {k} clients' steps run as one vmapped program, "
+                      "which measured slower than one client at a time for most models on a CPU (the table: "
+                      "docs/parallel-clients.md); it is meant for GPUs. trainer.parallel_clients=1 trains them one at "
+                      "a time", file=sys.stderr)
             return ParallelClients(self.module, self.cfg)
         if self.fabric.is_global_zero:
             print(f"notice: trainer.parallel_clients={k}: {reason}; training one client at a time", file=sys.stderr)
