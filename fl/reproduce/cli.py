@@ -16,11 +16,11 @@ twins on the embedded data on a CPU (each run with one intra-op thread, --parall
 its time budget unless --every-cell; `--scale paper` runs the paper's configs on the real datasets (a GPU's work; a
 missing dataset stops it in one line saying where to get it). `--dry-run` lists the runs and their projected time and
 runs nothing. key=value arguments go to every run. `--check` re-runs the N cheapest runs of a record
-(bench/reproduce/PAPER.json unless --record) in a scratch folder and compares every recorded metric bit for bit
-(fl/reproduce/check.py). Two invocations into one --out each take a run's lock before training it: the second waits
-and reuses what the first trains.
-Exit codes: 0 done (--check: every value equal), 1 some run failed (--check: the first difference), 2 bad input (one
-line, nothing run), 130 interrupted.
+(bench/reproduce/PAPER.json unless --record) in a scratch folder and compares every recorded value: bit for bit on
+the recording's float kernels, within the record's seed spread on others (fl/reproduce/check.py). Two invocations
+into one --out each take a run's lock before training it: the second waits and reuses what the first trains.
+Exit codes: 0 done (--check: every value passes), 1 some run failed (--check: every value that does not), 2 bad input
+(one line, nothing run), 130 interrupted.
 """
 from __future__ import annotations
 

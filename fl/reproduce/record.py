@@ -5,8 +5,9 @@ reproduce.json holds the cells and verdicts, and the record of every run: its fl
 its resolved config, its status, its seconds, the value of each cell it was selected for (in the paper's units) and
 its final metrics as summary.json has them; and the provenance: the commit (git rev-parse HEAD, and whether the
 tree had changes other than published outputs and timings), the versions of the packages the numbers depend on,
-Python and the machine. bench/reproduce/PAPER.json is this file of the committed output (bench/reproduce_budget.py
---publish copies it there)."""
+Python, the machine, torch's CPU capability and the CPU (its model and the instruction sets kernels are chosen by).
+bench/reproduce/PAPER.json is this file of the committed output (bench/reproduce_budget.py --publish copies it
+there)."""
 from __future__ import annotations
 
 import hashlib
@@ -53,6 +54,25 @@ def _git(*args: str) -> Optional[str]:
 NOT_INPUTS = ("bench/reproduce", "fl/reproduce/twin_seconds.json")
 
 
+# The instruction sets by which torch and its libraries (oneDNN, MKL) pick their float kernels: two CPUs that agree on
+# these and on torch's capability run the same kernels (docs/reproduce.md, "The record and --check")
+KERNEL_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni",
+                "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_info() -> dict:
+    """The CPU's model name and which of KERNEL_FLAGS it has (Linux's /proc/cpuinfo; elsewhere the platform's processor
+    string and no flags)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"model": platform.processor() or None, "flags": None}
+    fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    have = set(fields.get("flags", "").split())
+    return {"model": fields.get("model name"), "flags": [f for f in KERNEL_FLAGS if f in have]}
+
+
 def provenance() -> dict:
     """The commit, whether the tree differs from it (outside NOT_INPUTS), and the versions the numbers depend on."""
     head = _git("rev-parse", "HEAD")
@@ -68,7 +88,7 @@ def provenance() -> dict:
     return {"commit": head.strip() if head else None, "dirty": bool(status.strip()) if status is not None else None,
             "versions": versions, "python": platform.python_version(), "machine": platform.machine(),
             "system": platform.system(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY")}
+            "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"), "cpu": cpu_info()}
 
 
 def run_records(plan: Plan, runs: dict, results: dict, paper, timings: dict) -> list[dict]:

@@ -293,7 +293,8 @@ def test_check_reruns_a_recorded_run_bitwise_and_names_a_changed_value(tmp_path)
     record.write_text(json.dumps(doc))
     res = run_cli(check, cwd=tmp_path, script=("-m", "fl.reproduce"), timeout=600)
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
-    assert f"DIFFERS: {checked}: final test/acc_mean_clients: recorded" in res.stdout
+    assert "DIFFERS: 1 of the " in res.stdout and f"  {checked}: final test/acc_mean_clients: recorded" in res.stdout
+    assert "(|difference| 9.09e-13)" in res.stdout
 
 
 def test_provenance_is_dirty_for_a_changed_input_not_for_published_outputs(tmp_path, monkeypatch):
