@@ -65,8 +65,9 @@ class Callback:
 
 
 class EarlyStopping(Callback):
-    """Stops the run when `metric` has not improved for `patience` evaluations in a row: improved means above the
-    best so far by more than `min_delta` (mode max) or below it (mode min); a non-finite value never improves.
+    """Stops the run when `metric` has not improved for `patience` evaluations in a row (default 5, as
+    trainer.early_stop's): improved means above the best so far by more than `min_delta` (mode max) or below it (mode
+    min); a non-finite value never improves.
     In a config (trainer.early_stop, or a `callbacks:` entry) the metric must be one the run logs, and `mode`, left
     out, is the direction its logger declares (fl/core/metric_directions.py)."""
 
@@ -85,7 +86,7 @@ class EarlyStopping(Callback):
         if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not 0 <= min_delta < math.inf:
             raise CallbackError(f"min_delta={min_delta!r}: the margin an improvement must exceed, a number >= 0")
 
-    def __init__(self, metric: str, patience: int, mode: str = "max", min_delta: float = 0.0):
+    def __init__(self, metric: str, patience: int = 5, mode: str = "max", min_delta: float = 0.0):
         self.check_arguments(metric=metric, patience=patience, mode=mode, min_delta=min_delta)
         self.metric, self.patience, self.mode, self.min_delta = metric, patience, mode, min_delta
         self.best: Optional[float] = None

@@ -37,6 +37,7 @@ from fl.config import ConfigError, load_config
 from fl.report.aliases import current_names
 from fl.report.runs import flatten
 from fl.run.cpu_threads import env_for_one_of
+from fl.sweep import warm_worker
 from fl.sweep.run_lock import release, try_lock
 from fl.sweep.spec import Sweep, check_metric, expand, grid_values, load_sweep, make_sweep, point_args
 
@@ -118,7 +119,9 @@ def train_argv(sweep: Sweep, job: Job, extra: list[str]) -> list[str]:
 def run_jobs(sweep: Optional[Sweep], jobs: list[Job], extra: list[str], parallel: int) -> list[Job]:
     """Runs the unfinished jobs, `parallel` at a time (each with its own sweep and extra arguments where
     plan_points set them, else `sweep` and `extra`); returns the ones that failed. A run another invocation is
-    training (it holds the run's lock, fl/sweep/run_lock.py) is waited for, then reused."""
+    training (it holds the run's lock, fl/sweep/run_lock.py) is waited for, then reused. A run on one process goes to a
+    warm worker (fl/sweep/warm_worker.py: imports paid once per worker; FL_FRESH_PROCESSES=1 starts each run as its
+    own process instead), a run on several processes is its own `python -m fl.train`."""
     todo = [j for j in jobs if not j.finished]
     done = len(jobs) - len(todo)
     if done:
@@ -128,12 +131,14 @@ def run_jobs(sweep: Optional[Sweep], jobs: list[Job], extra: list[str], parallel
     folders = list(dict.fromkeys(j.run_dir.parent / "logs" for j in jobs))
     for logs in folders:
         logs.mkdir(parents=True, exist_ok=True)
-    running: list[tuple[Job, subprocess.Popen, float, object, Optional[int]]] = []
+    running: list[tuple[Job, object, float, Optional[int]]] = []  # (job, its Popen or Worker, start, lock)
+    idle: list[warm_worker.Worker] = []
     failed, waiting = [], set()
     # each run's share of the cores, OpenMP threads that sleep at barriers (fl/run/cpu_threads.py); stdout and stderr
     # reach the log in the order they were written
     env = {**env_for_one_of(min(parallel, max(1, len(todo)))), "PYTHONUNBUFFERED": "1"}
     env.pop("FL_RUN_DIR", None)
+    warm = warm_worker.available() and os.environ.get("FL_FRESH_PROCESSES", "") in ("", "0")
     if todo:
         shown = str(folders[0]) if len(folders) == 1 else "<sweep dir>/logs"
         print(f"each run's output: {shown}/<run>.log (one line per evaluation round; tail -f to follow)", flush=True)
@@ -155,22 +160,37 @@ def run_jobs(sweep: Optional[Sweep], jobs: list[Job], extra: list[str], parallel
                     print(f"[{done}/{len(jobs)}] {job.run_dir.name} finished by another invocation; reused",
                           flush=True)
                     continue
-                log = (job.run_dir.parent / "logs" / f"{job.run_dir.name}.log").open("w")
-                cmd = [sys.executable, "-m", "fl.train",
-                       *train_argv(job.sweep or sweep, job, job.extra if job.extra is not None else extra)]
-                log.write(" ".join(cmd) + "\n")
-                log.flush()
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-                running.append((job, proc, time.time(), log, lock))
+                log_file = job.run_dir.parent / "logs" / f"{job.run_dir.name}.log"
+                argv = train_argv(job.sweep or sweep, job, job.extra if job.extra is not None else extra)
+                in_warm = warm and warm_worker.single_process(job.config)
+                with log_file.open("w") as log:
+                    log.write(" ".join([sys.executable, "-m", "fl.train", *argv])
+                              + ("  (in a warm process: fl/sweep/warm_worker.py)\n" if in_warm else "\n"))
+                if in_warm:
+                    worker = idle.pop() if idle else warm_worker.Worker(env)
+                    worker.start(argv, log_file)
+                    handle: object = worker
+                else:
+                    with log_file.open("a") as log:
+                        handle = subprocess.Popen([sys.executable, "-m", "fl.train", *argv], stdout=log,
+                                                  stderr=subprocess.STDOUT, env=env)
+                running.append((job, handle, time.time(), lock))
             time.sleep(0.2 if running else 1.0)
-            for item in [r for r in running if _reaped(r[0], r[1])]:
+            for item in list(running):
+                job, handle, start, lock = item
+                code = _ended(job, handle)
+                if code is None:
+                    continue
                 running.remove(item)
-                job, proc, start, log, lock = item
-                log.close()
+                if isinstance(handle, warm_worker.Worker):
+                    if code == 0 and handle.alive:
+                        idle.append(handle)
+                    else:
+                        handle.close()
                 release(lock)
                 done += 1
                 job.seconds = time.time() - start
-                status = "done" if proc.returncode == 0 and job.finished else f"FAILED (exit {proc.returncode})"
+                status = "done" if code == 0 and job.finished else f"FAILED (exit {code})"
                 metric = (job.sweep or sweep).metric
                 value = _metric_value(job, metric)
                 shown = f" {metric}={value:.4f}" if value is not None else ""
@@ -180,13 +200,27 @@ def run_jobs(sweep: Optional[Sweep], jobs: list[Job], extra: list[str], parallel
                 if status != "done":
                     failed.append(job)
     except KeyboardInterrupt:
-        for _, proc, _, _, _ in running:
-            proc.terminate()
-        for _, proc, _, _, lock in running:
-            proc.wait()
+        for _, handle, _, _ in running:
+            handle.terminate()
+        for _, handle, _, lock in running:
+            handle.wait() if isinstance(handle, subprocess.Popen) else handle.close()
             release(lock)
         raise
+    finally:
+        for worker in idle:
+            worker.close()
     return failed
+
+
+def _ended(job: Job, handle) -> Optional[int]:
+    """The run's exit code once it ended (None while it runs); its CPU time goes to the job."""
+    if isinstance(handle, warm_worker.Worker):
+        result = handle.result()
+        if result is None:
+            return None
+        code, job.cpu_seconds = result
+        return code
+    return handle.returncode if _reaped(job, handle) else None
 
 
 def _reaped(job: Job, proc: subprocess.Popen) -> bool:

@@ -34,7 +34,8 @@ from fl.testing.compare import close_state, rows_differ, same_state
 __all__ = ["KEYS", "TINY", "CheckFailed", "check_plugin", "close_state", "rows_differ", "same_state", "tiny_args"]
 
 KEYS = {"method": "method.name", "aggregator": "server.aggregator.name", "dataset": "data.name",
-        "partition": "data.partition.name", "client transform": "data.client_transform.name"}
+        "partition": "data.partition.name", "client transform": "data.client_transform.name", "model": "model.name",
+        "evaluator": "trainer.evaluators"}
 
 # A small, fast federation (seconds per run on a 2-core CPU); a setting the chosen plug-ins do not take is left out.
 TINY = ("logger.wandb.mode=disabled", "logger.progress=false", "data.num_clients=6",
@@ -68,7 +69,8 @@ def check_plugin(kind: str, name: str, workdir: Path | str, *, plugins: Sequence
         raise ValueError(f"kind={kind!r}: one of {', '.join(KEYS)}")
     out = Path(workdir)
     chosen = [f"plugins=[{','.join(plugins)}]"] if plugins else []
-    args = [*chosen, f"{KEYS[kind]}={name}", *_needs(kind, name, plugins), *overrides, *CHECK]
+    pick = f"{KEYS[kind]}=[{name}]" if kind == "evaluator" else f"{KEYS[kind]}={name}"  # the one evaluator run
+    args = [*chosen, pick, *_needs(kind, name, plugins), *overrides, *CHECK]
     problems = [*_contract_and_resume(out, args)]
     if processes and not problems:
         problems += _one_and_two_processes(out, args)

@@ -142,6 +142,9 @@ def early_stopping_same_on_one_and_two_processes(one: Path, two: Path) -> None:
      "class='tests.recording_callbacks.Recorder' does not take"),
     ("[{class: tests.recording_callbacks.Recorder}]", "missing a required argument: 'name'"),
     ("[{class: fl.core.Server}]", "is not a subclass of fl.core.Callback"),
+    # issue 47: named the missing patience (now 5 by default, as trainer.early_stop's), not the bad mode
+    ("[{class: fl.core.callbacks.EarlyStopping, metric: test/acc_mean_clients, mode: sideways}]",
+     "mode='sideways' is not valid"),
     ("[{name: a}]", "each entry is {class: pkg.module.Class"),
     ("[{class: Recorder}]", "is not an import path"),
 ])

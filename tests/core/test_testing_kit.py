@@ -30,6 +30,8 @@ def mystudy(tmp_path, monkeypatch, isolated_registry):  # noqa: F811
     ("dataset", "quadrants", QUADRANTS[1:]),
     ("partition", "round_robin", QUADRANTS),
     ("client transform", "darken", []),
+    ("model", "flat_mlp", []),
+    ("evaluator", "confidence", []),
 ])
 def test_an_outside_packages_plugins_pass_the_checks_without_processes(kind, name, overrides, mystudy):
     check_plugin(kind, name, mystudy, plugins=PLUGIN, overrides=overrides, processes=False)
@@ -54,8 +56,8 @@ def test_a_server_keeping_state_outside_state_dict_fails_the_resume_check(tmp_pa
 
 
 def test_an_unknown_kind_is_named():
-    with pytest.raises(ValueError, match="kind='model': one of method, aggregator, dataset, partition, client "):
-        check_plugin("model", "cnn", ".")
+    with pytest.raises(ValueError, match="kind='callback': one of method, aggregator, dataset, partition, client "):
+        check_plugin("callback", "cnn", ".")
 
 
 @pytest.mark.slow
