@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from fl.core import plugins, registry
 from fl.run.train import main
-from tests.helpers import read_metrics, tiny
+from fl.testing import close_state
+from tests.helpers import assert_same_rows, load_ckpt, read_metrics, tiny
+from tests.process_pairs import on_one_and_two_processes
 
 # what a faulty aggregator returns, given the uploads' mean `m` -> what the error line says
 AGGREGATES = {
@@ -221,6 +224,18 @@ def test_a_robust_aggregator_leaves_a_non_finite_upload_out_and_the_run_goes_on(
     assert "diverged" not in json.loads((run / "summary.json").read_text())
     params = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["server"]["global_params"]
     assert all(torch.isfinite(v).all() for v in params.values() if v.is_floating_point())
+
+
+@on_one_and_two_processes("robust_leaves_out_a_faulty_client", "plugins=[tests.faulty_client]",
+                          "method.name=test_faulty_client", "server.aggregator.name=median", "trainer.rounds=3",
+                          "data.num_clients=7", "trainer.participation=1.0")
+def faulty_client_left_out_alike_on_one_and_two_processes(one: Path, two: Path) -> None:
+    """Client 1 (on the second process of two) is left out of round 1 on both: the same rounds, metrics and model."""
+    a, b = read_metrics(one), read_metrics(two)
+    assert [r["server/faulty_uploads"] for r in a] == [0.0, 1.0, 0.0]
+    assert_same_rows(a, b, abs=1e-5)
+    ga, gb = (load_ckpt(d)["server"]["global_params"] for d in (one, two))
+    assert close_state(ga, gb, atol=1e-5) == []
 
 
 @pytest.mark.parametrize("aggregator, clients", [("mean", (1,)), ("median", tuple(range(6)))])
