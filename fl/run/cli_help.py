@@ -128,7 +128,8 @@ def evaluator_help(name: str, values=None) -> str:
     cls = registry.EVALUATORS[name]
     own = settings_lines(f"evaluators.{name}", cls.Settings, values)
     runs = "runs by default" if cls.default else "runs when trainer.evaluators names it"
-    lines = [f"evaluator {name}: {_describe(cls)} ({runs})", "",
+    described = _describe(cls)
+    lines = [f"evaluator {name}: {described} ({runs})" if described else f"evaluator {name} ({runs})", "",
              "settings:" if own else "settings: none of its own", *own, "",
              "metrics (per-client client/<i>/... aside):"]
     return "\n".join(lines + [f"  {k}  ({describe(d)})" for k, d in declared(cls).items()])
