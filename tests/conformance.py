@@ -42,6 +42,10 @@ FASTER = {
 AGGREGATOR_SETTINGS = {"trimmed_mean": ("server.aggregator.trim_fraction=0.34",),  # trims 1 value a side of 3
                        "krum": ("server.aggregator.f=0", "server.aggregator.m=2"),
                        "norm_clip": ("server.aggregator.max_norm=0.5",)}
+EVALUATORS = shipped("evaluator")
+# what makes an evaluator log its metrics (a method with client models, a router, a target; its defaults otherwise)
+EVALUATOR_SETTINGS = {"system": ("method.name=fedper",), "el_weights": ("method.name=feddrm",),
+                      "target": ("data.target.distribution=partition",)}
 # a small federation: 4 clients of 16 images per class
 SMALL = ("data.num_clients=4", "data.embedded.samples_per_class=16")
 

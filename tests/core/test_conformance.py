@@ -51,6 +51,12 @@ def test_every_aggregator_resumed_equals_uninterrupted(out, aggregator):
                  processes=False)
 
 
+@pytest.mark.parametrize("evaluator", conformance.EVALUATORS)
+def test_every_evaluator_resumed_equals_uninterrupted(out, evaluator):
+    check_plugin("evaluator", evaluator, out, overrides=[*conformance.EVALUATOR_SETTINGS.get(evaluator, ()),
+                                                         *conformance.SMALL], processes=False)
+
+
 DATA_PLUGINS = ([("dataset", n) for n in conformance.DATASETS] + [("partition", n) for n in conformance.PARTITIONS]
                 + [("client transform", n) for n in conformance.CLIENT_TRANSFORMS])
 
