@@ -42,6 +42,10 @@ FASTER = {
 AGGREGATOR_SETTINGS = {"trimmed_mean": ("server.aggregator.trim_fraction=0.34",),  # trims 1 value a side of 3
                        "krum": ("server.aggregator.f=0", "server.aggregator.m=2"),
                        "norm_clip": ("server.aggregator.max_norm=0.5",)}
+# every shipped model goes through fl.testing's check but these, whose runs cost ten times the others' even on a tiny
+# federation: their shapes, norms and weights are tests/models/'s, and every run checks a model's outputs at the door
+HEAVY_MODELS = {"resnet18", "resnet50", "vit_s16", "alexnet_bn"}  # alexnet_bn: not even 32 px images are enough
+MODELS = [n for n in shipped("model") if n not in HEAVY_MODELS]
 EVALUATORS = shipped("evaluator")
 # what makes an evaluator log its metrics (a method with client models, a router, a target; its defaults otherwise)
 EVALUATOR_SETTINGS = {"system": ("method.name=fedper",), "el_weights": ("method.name=feddrm",),

@@ -51,6 +51,11 @@ def test_every_aggregator_resumed_equals_uninterrupted(out, aggregator):
                  processes=False)
 
 
+@pytest.mark.parametrize("model", conformance.MODELS)
+def test_every_model_resumed_equals_uninterrupted(out, model):
+    check_plugin("model", model, out, overrides=list(conformance.SMALL), processes=False)
+
+
 @pytest.mark.parametrize("evaluator", conformance.EVALUATORS)
 def test_every_evaluator_resumed_equals_uninterrupted(out, evaluator):
     check_plugin("evaluator", evaluator, out, overrides=[*conformance.EVALUATOR_SETTINGS.get(evaluator, ()),
