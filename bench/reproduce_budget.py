@@ -1,5 +1,6 @@
 """The budget of `python -m fl.reproduce PAPER --scale twin`: each paper's wall time from an empty output folder, with
-the machine's load average sampled beside it, and each run's own wall time.
+the machine's load average sampled beside it, each run's own wall time, and where the runs' time went (training,
+evaluation, evaluators, and the process's start-up, set-up, checkpoints and exit).
 
     python bench/reproduce_budget.py [PAPER ...] [--seeds 3] [--parallel N] [--out DIR] [--record] [--publish]
                                      [key=value ...]
@@ -64,6 +65,30 @@ def time_paper(paper: str, args: argparse.Namespace) -> dict:
     runs = {k: v if isinstance(v, dict) else {"wall_s": v} for k, v in runs.items()}  # files before CPU times
     return {"paper": paper, "exit": code, "wall_s": wall, "runs": runs,
             "load_mean": statistics.mean(sampler.samples), "load_max": max(sampler.samples)}
+
+
+PHASES = ("training", "evaluation", "evaluators", "start-up, set-up, checkpoints and exit")
+
+
+def phases(paper: str, args: argparse.Namespace, runs: dict[str, dict]) -> dict[str, float]:
+    """The timed runs' wall time split, summed over them: each round's time/round_s less its evaluation (time/eval_s:
+    the clients' and the global model's) and its evaluators (time/evaluators_s: their evaluate and on_local_model)
+    is training (local steps, uploads, the server step); the run's wall time less its rounds is the process's
+    start-up (the interpreter and imports when not in a warm worker), the set-up before round 0, the checkpoints,
+    the summary and the exit."""
+    out = dict.fromkeys(PHASES, 0.0)
+    for name, times in runs.items():
+        path = args.out / paper / "twin" / "runs" / name / "metrics.jsonl"
+        if times.get("wall_s") is None or not path.is_file():
+            continue
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        rounds, evaluation, evaluators = (sum(r.get(f"time/{k}_s", 0.0) for r in rows)
+                                          for k in ("round", "eval", "evaluators"))
+        out["training"] += rounds - evaluation - evaluators
+        out["evaluation"] += evaluation
+        out["evaluators"] += evaluators
+        out[PHASES[-1]] += times["wall_s"] - rounds
+    return out
 
 
 def per_point(runs: dict[str, dict], key: str) -> dict[str, float]:
@@ -150,6 +175,13 @@ def main() -> int:
         total = sum(r["wall_s"] for r in results)
         print(f"| all | {sum(len(r['runs']) for r in results)} | {duration(total)} | "
               f"{'within' if total <= BUDGET_ALL else 'OVER'} 2.5 h | | | |")
+    print("\nWhere the runs' wall time went (summed over the timed runs; share of their wall time):\n\n"
+          f"| paper | {' | '.join(PHASES)} |\n|---|{'---|' * len(PHASES)}")
+    for r in results:
+        split = phases(r["paper"], args, r["runs"])
+        whole = sum(split.values()) or 1.0
+        print(f"| {r['paper']} | " + " | ".join(f"{duration(v)} ({100 * v / whole:.0f}%)" for v in split.values())
+              + " |")
     return max(r["exit"] for r in results)
 
 

@@ -58,7 +58,7 @@ LOSS_SCALE = "loss_scale"  # a client state's entry: its GradScaler state under 
 # What the loop itself logs every round, and which way is better; the clients' training scalars (train/<name>) are
 # their ClientModule's metric_directions (fl/core/metric_directions.py).
 LOOP_METRICS: Directions = {"train/clients": NEITHER, "comm/bytes_up": LOWER, "comm/bytes_down": LOWER,
-                            "time/round_s": LOWER}
+                            "time/round_s": LOWER, "time/eval_s": LOWER, "time/evaluators_s": LOWER}
 # ... and under a robust aggregator (server.aggregator.name), the faulty uploads it left out of each round
 ROBUST_METRICS: Directions = {"server/faulty_uploads": LOWER}
 
@@ -167,6 +167,9 @@ class Orchestrator:
         self._stop_requested = False
         self._last_broadcast_bytes = 0
         self._memory_checked = False
+        # the round's wall seconds in the clients' and global model's evaluation, and in the evaluators (their
+        # evaluate and on_local_model): what bench/reproduce_budget.py splits a run's time by
+        self._seconds = {"eval": 0.0, "evaluators": 0.0}
         self.callbacks = list(callbacks)  # Fabric calls them after the server; the loop keeps their state
         self._callback_states = self.callback_states()  # as of the last completed round: what a checkpoint holds
         self.stopped: Optional[dict] = None  # {"round", "reason"} once a hook ended the run (ctx.stop)
@@ -192,9 +195,11 @@ class Orchestrator:
         try:
             for rnd in range(self.start_round, rounds if self.stopped is None else 0):  # a stopped run stays so
                 start = time.perf_counter()
+                self._seconds = dict.fromkeys(self._seconds, 0.0)
                 metrics = self.run_round(rnd)
                 # training, aggregation and evaluation; varies run to run, so tests compare rows without time/*
                 metrics["time/round_s"] = time.perf_counter() - start
+                metrics.update({f"time/{k}_s": v for k, v in self._seconds.items()})
                 fabric.log_dict(metrics, step=rnd)
                 self.history.append({"round": rnd, **metrics})
                 self._callback_states = self.callback_states()
@@ -370,6 +375,7 @@ class Orchestrator:
     def evaluate(self, ctx: EvalContext) -> dict[str, float]:
         """Every client's model and the global model (fl/core/evaluation.py), then each enabled evaluator; with
         validation splits (`data.val_fraction`) the same again on them, as val/* (client/<i>/val_acc)."""
+        start, inside = time.perf_counter(), self._seconds["evaluators"]
         try:
             metrics = evaluate_clients(ctx)
             for evaluator in self.evaluators:
@@ -383,20 +389,25 @@ class Orchestrator:
                 metrics.update(validation_keys(val))
         finally:
             ctx.personalized.clear()  # the evaluation is over: the personalised copies go
+            self._seconds["eval"] += time.perf_counter() - start - (self._seconds["evaluators"] - inside)
         return metrics
 
     def run_evaluator(self, evaluator: Evaluator, ctx: EvalContext) -> dict[str, float]:
         """One evaluator's metrics, its exceptions and its result's faults reported as its own
         (fl/core/evaluator_check.py)."""
+        start = time.perf_counter()
         with blamed("trainer.evaluators", evaluator.name, type(evaluator).evaluate):
             result = evaluator.evaluate(ctx)
+        self._seconds["evaluators"] += time.perf_counter() - start
         return checked_metrics(evaluator, result, ctx.round, model_finite=self.diverged is None)
 
     def score_local_model(self, ctx: EvalContext, cid: int) -> None:
         """Each evaluator that scores local models, on client cid's, right after its local training."""
+        start = time.perf_counter()
         for evaluator in self.evaluators:
             with blamed("trainer.evaluators", evaluator.name, type(evaluator).on_local_model):
                 evaluator.on_local_model(ctx, cid)
+        self._seconds["evaluators"] += time.perf_counter() - start
 
     # ---- local work ---------------------------------------------------------------------------
     def load_client(self, rnd: int, cid: int, read_ahead: bool = False) -> ClientModule:

@@ -104,6 +104,10 @@ def test_every_round_logs_its_wall_time(progress_run):
     rows = read_metrics(run_dir, timing=True)
     assert [r["round"] for r in rows] == [0, 1, 2, 3]
     assert all(isinstance(r["time/round_s"], float) and 0 < r["time/round_s"] < 600 for r in rows)
+    # its evaluation and its evaluators (rounds 1 and 3) are parts of it (bench/reproduce_budget.py splits by them)
+    assert [r["time/eval_s"] > 0 for r in rows] == [False, True, False, True]
+    assert all(r["time/eval_s"] + r["time/evaluators_s"] < r["time/round_s"] for r in rows)
+    assert rows[1]["time/evaluators_s"] > 0 and rows[3]["time/evaluators_s"] > 0
     # the rows tests compare leave it out: it is the one value that differs between identical runs
     assert not any(k.startswith("time/") for r in read_metrics(run_dir) for k in r)
     summary = json.loads((run_dir / "summary.json").read_text())
