@@ -36,10 +36,13 @@ def available() -> bool:
 
 
 def single_process(config: dict) -> bool:
-    """Whether a run's resolved config (flattened) runs on this one process: no ddp, one device, one node."""
-    return (str(config.get("fabric.strategy", "auto")) in ("auto", "single_device")
+    """Whether a run's resolved config (flattened) can run in a warm worker: one process (no ddp, one device, one
+    node), and not deterministic on a GPU (cuBLAS reads CUBLAS_WORKSPACE_CONFIG when CUDA starts, which an earlier run
+    in the process may have done)."""
+    gpu_deterministic = bool(config.get("fabric.deterministic")) and str(config.get("fabric.accelerator")) != "cpu"
+    return (bool(config) and str(config.get("fabric.strategy", "auto")) in ("auto", "single_device")
             and str(config.get("fabric.devices", 1)) == "1" and str(config.get("fabric.num_nodes", 1)) == "1"
-            and bool(config))
+            and not gpu_deterministic)
 
 
 def torch_flags() -> dict:
@@ -132,13 +135,17 @@ def main() -> None:
 
     replies = os.fdopen(os.dup(1), "w", buffering=1)  # the parent's pipe, kept apart from the runs' output
     code = 0
-    for line in sys.stdin:
-        job = json.loads(line)
-        code, cpu = run_one(train, job["argv"], job["log"])
-        replies.write(json.dumps({"code": code, "cpu_s": cpu}) + "\n")
-        if code != 0:  # what failed may have left the process in a state the next run should not inherit
-            break
-    replies.close()
+    try:
+        for line in sys.stdin:
+            job = json.loads(line)
+            code, cpu = run_one(train, job["argv"], job["log"])
+            replies.write(json.dumps({"code": code, "cpu_s": cpu}) + "\n")
+            if code != 0:  # what failed may have left the process in a state the next run should not inherit
+                break
+    except KeyboardInterrupt:  # Ctrl-C between runs reaches the whole process group: the parent says what happened
+        code = 130
+    with contextlib.suppress(OSError):
+        replies.close()
     end_process(code)
 
 
@@ -184,4 +191,7 @@ class Worker:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # during the imports
+        sys.exit(130)

@@ -82,3 +82,14 @@ def test_fresh_processes_on_request(tmp_path, monkeypatch):
     assert run_jobs(sweep, jobs, [], parallel=1) == []
     log = (jobs[0].run_dir.parent / "logs" / f"{jobs[0].run_dir.name}.log").read_text()
     assert "warm process" not in log.splitlines()[0] and "test/acc_mean_clients" in log
+
+
+def test_only_single_process_runs_go_to_a_warm_worker():
+    from fl.sweep.warm_worker import single_process
+
+    one = {"fabric.strategy": "auto", "fabric.devices": 1, "fabric.num_nodes": 1, "fabric.accelerator": "cpu"}
+    assert single_process(one) and single_process({**one, "fabric.deterministic": True})
+    assert not single_process({**one, "fabric.strategy": "ddp", "fabric.devices": 2})
+    assert not single_process({**one, "fabric.devices": 2}) and not single_process({**one, "fabric.num_nodes": 2})
+    assert not single_process({**one, "fabric.accelerator": "cuda", "fabric.deterministic": True})
+    assert not single_process({})  # a job planned without its config: its own process
