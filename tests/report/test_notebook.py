@@ -10,22 +10,22 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, run_cli, tiny
+from fl.run.train import main
+from tests.helpers import ROOT, tiny
 
 nbformat = pytest.importorskip("nbformat", reason="the dev extra (pip install -e '.[dev]') brings nbformat")
 nbclient = pytest.importorskip("nbclient", reason="the dev extra brings nbclient")
 pytest.importorskip("ipykernel", reason="the dev extra brings ipykernel")
 
-pytestmark = pytest.mark.slow  # quickstart processes and a notebook kernel
+pytestmark = pytest.mark.slow  # a notebook kernel
 
 
 def test_compare_notebook_executes_on_quickstart_runs(tmp_path, monkeypatch):
     # fedavg seed 0 twice: the second run (fedavg-s0-again) is the one counted
     for method, seed, name in (("fedavg", 0, "fedavg-s0"), ("fedavg", 1, "fedavg-s1"), ("fedprox", 0, "fedprox-s0"),
                                ("fedavg", 0, "fedavg-s0-again")):
-        res = run_cli(tiny(tmp_path, f"method.name={method}", f"seed={seed}", "trainer.rounds=2",
-                           "fabric.cpu_threads=1", f"logger.run_name={name}"), cwd=tmp_path)
-        assert res.returncode == 0, res.stderr
+        assert main(tiny(tmp_path, f"method.name={method}", f"seed={seed}", "trainer.rounds=2",
+                         "fabric.cpu_threads=1", f"logger.run_name={name}")) == 0
     spec = tmp_path / "jupyter" / "kernels" / "fl-test"
     spec.mkdir(parents=True)
     spec.joinpath("kernel.json").write_text(json.dumps({
