@@ -112,6 +112,9 @@ def run_one(train, argv: list[str], log: str) -> tuple[int, float]:
                 code = train(argv)
         except SystemExit as err:
             code = err.code if isinstance(err.code, int) else 1
+        except KeyboardInterrupt:  # Ctrl-C before the run's own handler took over, as the command would end
+            print("interrupted", file=sys.stderr)
+            code = 130
         except BaseException:  # a fault the command would have printed as a traceback
             traceback.print_exc()
             code = 1
