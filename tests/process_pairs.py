@@ -19,6 +19,7 @@ MODULES = (
     "tests.core.test_loop",
     "tests.core.test_parallel_clients",
     "tests.core.test_plugin_outputs",
+    "tests.core.test_precision",
     "tests.core.test_state_store",
     "tests.methods.test_baselines_confree",
     "tests.methods.test_baselines_fedas",

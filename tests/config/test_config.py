@@ -1,5 +1,4 @@
 """Bad configuration fails before any work: exit 2, one line naming the key, no run directory."""
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -128,33 +127,6 @@ def test_every_shipped_config_loads():
 
     for name in available_confs():
         load_config([f"conf={name}"])
-
-
-SWEEP_FILES = sorted(Path(__file__).resolve().parents[2].glob("sweeps/*.yaml"))
-
-
-def test_the_sweep_files_are_found():  # the test below is one per file: none found would pass silently
-    assert len(SWEEP_FILES) >= 70
-
-
-@pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.stem)  # one test a file: spread over the workers
-def test_sweep_files_name_real_keys(path):
-    import yaml
-
-    sweep = yaml.safe_load(path.read_text())
-    params = dict(sweep["parameters"])
-    # the config: fixed in the command, itself a parameter (a comparison over configs), or each arm's own
-    confs = params.pop("conf")["values"] if "conf" in params else [
-        next((a.split("=", 1)[1] for a in sweep["command"] if str(a).startswith("conf=")), None)]
-    arms = {k.split(".", 1)[1]: params.pop(k)["value"] for k in list(params) if k.startswith("arms.")}
-    # every swept key at once (an unknown one is named by the error), then every arm with its own overrides
-    values = [f"{k}={spec['values'][0] if 'values' in spec else spec['min']}" for k, spec in params.items()
-              if k != "arm"]
-    for conf in confs:
-        base = [f"conf={conf}"] if conf else []
-        load_config([*base, *values])
-        for arm in params.get("arm", {}).get("values", []):  # fl/config/arms.py
-            load_config([*base, f"arm={arm}", f"arms.{arm}={arms[arm]}"])
 
 
 def test_missing_real_data_names_the_synthetic_twin(out, capsys):

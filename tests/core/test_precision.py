@@ -29,12 +29,12 @@ from tests.helpers import (
     load_ckpt,
     orchestrator,
     read_metrics,
-    run_cli,
     run_tiny,
     same_private_states,
     tiny,
 )
 from tests.jumpy_loss_scale import jumpy
+from tests.process_pairs import on_one_and_two_processes
 
 AUTOCASTS = [torch.bfloat16, torch.float16]
 
@@ -235,16 +235,13 @@ def test_resumed_equals_uninterrupted_under_16_mixed(out, monkeypatch):
     assert {c: s[LOSS_SCALE] for c, s in a["clients"].items()} == {c: s[LOSS_SCALE] for c, s in b["clients"].items()}
 
 
-@pytest.mark.slow
-def test_one_and_two_processes_agree_under_16_mixed(out):
-    common = tiny(out, *JUMPY, "trainer.rounds=3", "trainer.participation=1.0")
-    script = (str(Path(__file__).parents[1] / "jumpy_loss_scale.py"),)
-    one = run_cli(common + ["logger.run_name=one"], cwd=out, script=script)
-    two = run_cli(common + ["logger.run_name=two", "fabric.strategy=ddp", "fabric.devices=2"], cwd=out, script=script)
-    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
-    a, b = out / "outputs" / "one", out / "outputs" / "two"
-    assert read_metrics(a) == read_metrics(b)
-    assert same_private_states(load_ckpt(a)["clients"], load_ckpt(b)["clients"])
+@on_one_and_two_processes("16_mixed_jumpy_scale", *JUMPY, "trainer.rounds=3", "trainer.participation=1.0")
+def same_under_16_mixed_on_one_and_two_processes(one: Path, two: Path) -> None:
+    """The jumpy scaler's steps (tests/every_method.py gives it to 16-mixed runs) skip the same way on either side."""
+    assert read_metrics(one) == read_metrics(two)
+    clients = load_ckpt(one)["clients"]
+    assert same_private_states(clients, load_ckpt(two)["clients"])
+    assert all(s[LOSS_SCALE]["growth_interval"] == 1 for s in clients.values())  # the jumpy scaler ran
 
 
 def test_scaffold_reads_the_loss_scale_without_a_host_sync(out, monkeypatch):
