@@ -29,6 +29,14 @@ def out(tmp_path):
     return tmp_path
 
 
+@pytest.fixture(scope="session")
+def shared_data_root(tmp_path_factory):
+    """A data root the tests of one pytest process share, for tests that build large generated twins: each shape of
+    images is generated once and read from the cache after (fl/data/embedded.py; the generation itself is
+    tests/data/test_generated_bitwise.py's)."""
+    return tmp_path_factory.mktemp("shared-data")
+
+
 @pytest.fixture(autouse=True)
 def _restore_threads():
     """In-process runs pin the intra-op thread count (fabric.cpu_threads); give the session its own back."""

@@ -33,10 +33,10 @@ def is_size_key(key: str) -> bool:
     return key in SIZE_KEYS or key.split(".")[0] in SIZE_KEYS
 
 
-def load_blocks(tmp_path: Path, *names: str):
+def load_blocks(tmp_path: Path, *names: str, root: Path | None = None):
     conf = tmp_path / f"{names[-1]}.yaml"
     conf.write_text(f"include: [{', '.join(f'data/{n}' for n in names)}]\n")
-    return load_config([f"conf={conf}", f"data.root={tmp_path / 'data'}"])
+    return load_config([f"conf={conf}", f"data.root={root or tmp_path / 'data'}"])
 
 
 def includes(name: str) -> list:
@@ -51,9 +51,9 @@ def test_there_is_a_block_for_each_paper_setting():
 
 
 @pytest.mark.parametrize("name", BLOCKS)
-def test_block_is_valid_and_its_twin_builds_with_the_same_protocol(tmp_path, name):
+def test_block_is_valid_and_its_twin_builds_with_the_same_protocol(tmp_path, shared_data_root, name):
     real = load_blocks(tmp_path, name)
-    twin = load_blocks(tmp_path, name, f"{name}_synthetic")
+    twin = load_blocks(tmp_path, name, f"{name}_synthetic", root=shared_data_root)  # twins of a shape share images
     real_keys = yaml.safe_load((CONF_DIR / "data" / f"{name}.yaml").read_text())["data"]
     for key, value in leaves(real_keys).items():
         if not is_size_key(key):
