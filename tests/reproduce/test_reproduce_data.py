@@ -1,7 +1,9 @@
 """The papers' numbers as data (fl/reproduce/papers/*.yaml): every file parses, every cell resolves to sweep points
 whose configs fl.config accepts (fl.sweep's loader, load_config), every number at paper scale has a sweep that
 regenerates it, and the tables' sweeps run the runs of the comparison sweeps they stand for."""
+import functools
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,14 @@ from fl.sweep.spec import expand, load_sweep
 from tests.helpers import ROOT
 
 PAPERS = available_papers()
+OUT = Path("/plan-only")  # build_plan names run folders under it and writes nothing
+
+
+@functools.cache
+def plan(name: str, scale: str = "twin", every_cell: bool = False, baselines_only: bool = False):
+    """A paper's plan at seed 0, built once per pytest process (several tests read the same one)."""
+    paper = load_paper(name)
+    return build_plan(paper, paper.tables, scale, [0], OUT, [], every_cell=every_cell, baselines_only=baselines_only)
 
 
 def test_the_five_seed_papers_are_here():
@@ -32,31 +42,30 @@ def test_every_paper_parses_with_numbers_and_claims(name):
 
 
 @pytest.mark.parametrize("name, scale", [(p, s) for p in PAPERS for s in SCALES])
-def test_every_cell_resolves_to_sweep_points_whose_configs_load(name, scale, tmp_path):
+def test_every_cell_resolves_to_sweep_points_whose_configs_load(name, scale):
     """build_plan loads every sweep (fl.sweep's loader) and every run config (fl.config's load_config) of every cell,
     the twin cells outside the time budget included (--every-cell), and raises on any that does not; every number of
     a column with a sweep at that scale has runs that regenerate it."""
     paper = load_paper(name)
-    plan = build_plan(paper, paper.tables, scale, [0], tmp_path, [], every_cell=True)
+    planned_cells = plan(name, scale, every_cell=True)
     for table in paper.tables:
         for column in table.columns:
             for row in table.rows:
                 key = (table.id, column.id, row.method)
-                planned = any(tuple(k) == key for k in plan.cells)
-                assert planned or any(tuple(k) == key and why for k, why in plan.not_run.items()), key
+                planned = any(tuple(k) == key for k in planned_cells.cells)
+                assert planned or any(tuple(k) == key and why for k, why in planned_cells.not_run.items()), key
                 skipped = scale == "twin" and row.method in column.twin_skip  # a data error measured on the twin
                 if column.refs[scale] and row.paper.get(column.paper_column) and not skipped:
                     assert planned, f"{key}: the paper's number has no {scale} sweep that regenerates it"
-    assert all(job.config for job in plan.jobs)
+    assert all(job.config for job in planned_cells.jobs)
     if scale == "twin":  # the twins run with one intra-op thread each, --parallel of them at once
-        assert all("fabric.cpu_threads=1" in job.extra for job in plan.jobs)
+        assert all("fabric.cpu_threads=1" in job.extra for job in planned_cells.jobs)
 
 
 @pytest.mark.parametrize("name", PAPERS)
-def test_the_twin_budget_runs_a_subset_and_names_what_it_leaves(name, tmp_path):
+def test_the_twin_budget_runs_a_subset_and_names_what_it_leaves(name):
     paper = load_paper(name)
-    every = build_plan(paper, paper.tables, "twin", [0], tmp_path, [], every_cell=True)
-    budget = build_plan(paper, paper.tables, "twin", [0], tmp_path, [])
+    every, budget = plan(name, every_cell=True), plan(name)
     assert budget.cells and set(budget.cells) <= set(every.cells)
     for key in set(every.cells) - set(budget.cells):
         assert "outside the 40-minute twin budget" in budget.not_run[key]
@@ -64,12 +73,11 @@ def test_the_twin_budget_runs_a_subset_and_names_what_it_leaves(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", PAPERS)
-def test_baselines_plans_exactly_the_reference_baseline_cells_of_the_budget(name, tmp_path):
+def test_baselines_plans_exactly_the_reference_baseline_cells_of_the_budget(name):
     """--baselines (bench/calibrate_twins.py): the budget's cells whose row is a table's reference baseline, with
     the same runs, and no other row's."""
     paper = load_paper(name)
-    budget = build_plan(paper, paper.tables, "twin", [0], tmp_path, [])
-    calibration = build_plan(paper, paper.tables, "twin", [0], tmp_path, [], baselines_only=True)
+    budget, calibration = plan(name), plan(name, baselines_only=True)
     want = {k: v for k, v in budget.cells.items() if k.row in paper.table(k.table).baselines}
     assert want and {k: [j.run_dir for j in v] for k, v in calibration.cells.items()} == {
         k: [j.run_dir for j in v] for k, v in want.items()}
