@@ -20,6 +20,7 @@ MODULES = (
     "tests.core.test_parallel_clients",
     "tests.core.test_plugin_outputs",
     "tests.core.test_precision",
+    "tests.core.test_shared_evaluation",
     "tests.core.test_state_store",
     "tests.methods.test_baselines_confree",
     "tests.methods.test_baselines_fedas",

@@ -4,7 +4,7 @@ a method, dataset, partition, client transform or aggregator file added under fl
 - every method, and every aggregator (with FedAvg's clients): resumed equals uninterrupted, bit for bit;
 - every data plug-in: one round, and the same clients built twice from the same seed (what resume and every process
   rely on); a dataset that reads files refuses an empty data.root in one line naming it;
-- all of them on 1 and 2 processes (slow: one start-up per group of runs, tests/every_method.py).
+- all of them on 1 process (in the test's) and on 2 (slow: one start-up per group of runs, tests/every_method.py).
 
 Elsewhere from the same lists: every method trains a round under 16-mixed and bf16-mixed
 (tests/core/test_precision.py), every method that declares a functional step trains K clients at once as one at a
@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Callable
 
+import lightning.fabric.plugins.precision as fabric_precision
 import pytest
 
 from fl.config import load_config
@@ -34,6 +35,7 @@ from tests.helpers import (
     run_cli,
     tiny,
 )
+from tests.jumpy_loss_scale import jumpy
 
 
 # every method, and every aggregator with FedAvg's clients: fl.testing's check, as an outside plug-in's author runs it
@@ -122,24 +124,40 @@ def every_run(out) -> dict[str, tuple[Callable[[tuple, str], list[str]], Callabl
     return runs
 
 
-GROUPS = 4
+GROUPS = 2
+
+
+def run_here(listed: dict[str, list[str]], monkeypatch) -> list[str]:
+    """The 1-process side in this process, each run isolated as a warm worker isolates one (fl/sweep/warm_worker.py),
+    a 16-mixed run with tests/every_method.py's scaler: the runs that did not exit 0."""
+    from fl.sweep.warm_worker import isolated
+
+    plain = fabric_precision.MixedPrecision
+    failed = []
+    for name, args in listed.items():
+        monkeypatch.setattr(fabric_precision, "MixedPrecision", jumpy if "fabric.precision=16-mixed" in args else plain)
+        with isolated():
+            code = main(args)
+        if code != 0:
+            failed.append(f"{name} exited {code}")
+    return failed
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("group", range(GROUPS))
-def test_every_plugin_and_declared_run_on_one_and_two_processes(out, group):
-    """A quarter of every_run's runs, each on 1 process and on 2 (Fabric ddp, gloo), the runs of each side in one
-    process pair (one start-up a side, tests/every_method.py), each checked by its own check."""
+def test_every_plugin_and_declared_run_on_one_and_two_processes(out, group, monkeypatch):
+    """A share of every_run's runs, each on 1 process (in this one) and on 2 (Fabric ddp, gloo; the runs in one
+    process pair, one start-up a side, tests/every_method.py), each checked by its own check."""
     runs = dict(sorted(every_run(out).items())[group::GROUPS])
-    for side, extra in (("one", ()), ("two", ("fabric.strategy=ddp", "fabric.devices=2"))):
-        listed = [arguments(extra, f"{side}_{name}") for name, (arguments, _) in runs.items()]
-        (out / f"{side}.json").write_text(json.dumps(listed))
-        res = run_cli([str(out / f"{side}.json")], cwd=out, script=(str(ROOT / "tests" / "every_method.py"),),
-                      timeout=560)
-        exited = re.findall(r"run (\S+) exited (-?\d+)", res.stdout)  # every process's (their lines may interleave)
-        failed = [f"{run} exited {code}" for run, code in exited if code != "0"]
-        missing = {f"{side}_{name}" for name in runs} - {run for run, code in exited if code == "0"}
-        assert res.returncode == 0 and not failed and not missing, (failed, missing, res.stderr[-3000:])
+    assert run_here({name: arguments((), f"one_{name}") for name, (arguments, _) in runs.items()}, monkeypatch) == []
+    two = ("fabric.strategy=ddp", "fabric.devices=2")
+    listed = [arguments(two, f"two_{name}") for name, (arguments, _) in runs.items()]
+    (out / "two.json").write_text(json.dumps(listed))
+    res = run_cli([str(out / "two.json")], cwd=out, script=(str(ROOT / "tests" / "every_method.py"),), timeout=560)
+    exited = re.findall(r"run (\S+) exited (-?\d+)", res.stdout)  # every process's (their lines may interleave)
+    failed = [f"{run} exited {code}" for run, code in exited if code != "0"]
+    missing = {f"two_{name}" for name in runs} - {run for run, code in exited if code == "0"}
+    assert res.returncode == 0 and not failed and not missing, (failed, missing, res.stderr[-3000:])
     differ = []
     for name, (_, check) in runs.items():
         try:

@@ -5,13 +5,15 @@ passes it replaces give (`shares_global_passes` patched to False: the path perso
 whose clients evaluate models of their own keeps its own passes."""
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
+
 import torch
 
 from fl.config import load_config
 from fl.core import ClientModule, evaluation
 from fl.data import build_data
-from tests.helpers import ROOT, read_metrics, run_cli, run_tiny, tiny
+from tests.helpers import read_metrics, run_tiny, tiny
+from tests.process_pairs import on_one_and_two_processes
 
 OFFICIAL = ("data.test_split=official", "trainer.rounds=3")  # TINY evaluates every round: 3 evaluations of 6 clients
 
@@ -81,11 +83,7 @@ def test_without_a_global_test_set_the_pooled_test_set_is_the_clients_splits_in_
         assert torch.equal(data.pooled_test().x[rows], c.test.x) and torch.equal(data.pooled_test().y[rows], c.test.y)
 
 
-@pytest.mark.slow
-def test_two_processes_give_the_per_client_numbers(out):
-    args = tiny(out, "fabric.cpu_threads=1", *OFFICIAL, "fabric.strategy=ddp", "fabric.devices=2")
-    shared = run_cli([*args, "logger.run_name=shared"], cwd=out)
-    reference = run_cli([*args, "logger.run_name=per_client"], cwd=out, script=(str(ROOT / "tests" /
-                                                                                    "per_client_evaluation.py"),))
-    assert shared.returncode == 0 and reference.returncode == 0, (shared.stderr[-2000:], reference.stderr[-2000:])
-    assert read_metrics(out / "outputs" / "shared") == read_metrics(out / "outputs" / "per_client")
+@on_one_and_two_processes("shared_evaluation", *OFFICIAL)
+def shared_evaluation_same_on_one_and_two_processes(one: Path, two: Path) -> None:
+    """With the test above (1 process: the shared passes give the per-client numbers), 2 processes do too."""
+    assert read_metrics(one) == read_metrics(two)
