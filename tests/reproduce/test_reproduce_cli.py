@@ -236,7 +236,10 @@ def test_overlapping_seeds_are_unresolved_and_a_failing_claim_is_printed(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_tiny_reproduction_end_to_end_runs_then_reuses_its_runs(tmp_path):
+def test_a_tiny_reproduction_end_to_end_runs_reuses_its_runs_and_checks_its_record(tmp_path, capsys):
+    """The command runs the runs and prints the table and claims; again, it reuses them and prints the same claims.
+    Its record comes from real runs: --check re-runs one from an empty scratch folder and finds every value equal;
+    a value changed in the record is named (exit 1). (The later invocations run in this process.)"""
     paper = tiny_paper(tmp_path)
     args = [paper, "--table", "t1", "--seeds", "1", "--parallel", "2", "--out", str(tmp_path / "o"), *TINY,
             f"data.root={tmp_path / 'data'}"]
@@ -246,9 +249,25 @@ def test_a_tiny_reproduction_end_to_end_runs_then_reuses_its_runs(tmp_path):
     assert "**UNRESOLVED** `prox_above`" in res.stdout and "1 seed: no spread to compare" in res.stdout
     runs = sorted((tmp_path / "o" / "tiny" / "twin" / "runs" / "tiny_compare").glob("*/summary.json"))
     assert len(runs) == 2
-    again = run_cli(args, cwd=tmp_path, script=("-m", "fl.reproduce"))
-    assert again.returncode == 0 and "reusing 2 of 2 runs" in again.stdout
-    assert res.stdout.split("## Claims")[1] == again.stdout.split("## Claims")[1]
+    assert main(args) == 0
+    again = capsys.readouterr().out
+    assert "reusing 2 of 2 runs" in again
+    assert res.stdout.split("## Claims")[1] == again.split("## Claims")[1]
+
+    record = tmp_path / "o" / "tiny" / "twin" / "reproduce.json"
+    check = [paper, "--check", "--record", str(record), "--runs", "1", "--parallel", "1"]
+    assert main(check) == 0
+    out = capsys.readouterr().out
+    assert "every recorded value of the 1 runs is equal, bit for bit" in out
+    doc = json.loads(record.read_text())
+    checked = out.split("the cheapest first: ")[1].split(")")[0]
+    entry = next(r for r in doc["runs"] if r["run"] == checked)
+    entry["final"]["test/acc_mean_clients"] += 2 ** -40  # one bit of difference is a difference
+    record.write_text(json.dumps(doc))
+    assert main(check) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERS: 1 of the " in out and f"  {checked}: final test/acc_mean_clients: recorded" in out
+    assert "(|difference| 9.09e-13)" in out
 
 
 @pytest.mark.slow
@@ -270,31 +289,6 @@ def test_two_invocations_into_one_out_run_every_run_once(tmp_path):
     assert len(trained) == 4, outs  # 2 arms x 2 seeds, each trained by one of the two
     claims = [out.split("## Claims")[1].split("wrote ")[0] for out, _ in outs]
     assert claims[0] == claims[1]
-
-
-@pytest.mark.slow
-def test_check_reruns_a_recorded_run_bitwise_and_names_a_changed_value(tmp_path):
-    """The record comes from a real tiny run; --check re-runs it from an empty scratch folder and finds every value
-    equal; a value changed in the record is named (exit 1)."""
-    paper = tiny_paper(tmp_path)
-    args = [paper, "--table", "t1", "--seeds", "1", "--parallel", "1", "--out", str(tmp_path / "o"), *TINY,
-            f"data.root={tmp_path / 'data'}"]
-    res = run_cli(args, cwd=tmp_path, script=("-m", "fl.reproduce"))
-    assert res.returncode == 0, res.stderr[-2000:]
-    record = tmp_path / "o" / "tiny" / "twin" / "reproduce.json"
-    check = [paper, "--check", "--record", str(record), "--runs", "1", "--parallel", "1"]
-    res = run_cli(check, cwd=tmp_path, script=("-m", "fl.reproduce"), timeout=600)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "every recorded value of the 1 runs is equal, bit for bit" in res.stdout
-    doc = json.loads(record.read_text())
-    checked = res.stdout.split("the cheapest first: ")[1].split(")")[0]
-    entry = next(r for r in doc["runs"] if r["run"] == checked)
-    entry["final"]["test/acc_mean_clients"] += 2 ** -40  # one bit of difference is a difference
-    record.write_text(json.dumps(doc))
-    res = run_cli(check, cwd=tmp_path, script=("-m", "fl.reproduce"), timeout=600)
-    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "DIFFERS: 1 of the " in res.stdout and f"  {checked}: final test/acc_mean_clients: recorded" in res.stdout
-    assert "(|difference| 9.09e-13)" in res.stdout
 
 
 def test_provenance_is_dirty_for_a_changed_input_not_for_published_outputs(tmp_path, monkeypatch):
