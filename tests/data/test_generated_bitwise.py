@@ -1,6 +1,7 @@
 """The generated datasets are the same bytes on every machine (issue 32): under torch's scalar kernels
 (ATEN_CPU_CAPABILITY=default) a fresh process builds the clients of every pinned config, and the images of every
-style of the multi-domain generator, bitwise as this process does with the machine's own kernels, and as pinned."""
+style of the multi-domain generator, bitwise as pinned (and as the machine's own kernels build them:
+tests/data/test_data_plugins.py pins them with those)."""
 from __future__ import annotations
 
 import hashlib
@@ -54,7 +55,7 @@ def test_scalar_kernels_generate_the_same_bytes_as_the_machines_own(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     scalar = json.loads(res.stdout.strip().splitlines()[-1])
     assert scalar["domains"] == domains_pool_hash() == DOMAINS_POOL
-    own = config_hashes(str(tmp_path / "own"))
+    # the machine's own kernels give the pinned hashes: tests/data/test_data_plugins.py checks every one of them
     pinned = {args: list(want) for args, want in {**BEFORE, **SLOW_BEFORE}.items()}
     for args in pinned:
-        assert scalar["configs"][args] == own[args] == pinned[args], (args, sys.platform)
+        assert scalar["configs"][args] == pinned[args], (args, sys.platform)
