@@ -217,25 +217,24 @@ def test_an_unwritable_state_dir_is_one_line_before_anything_is_written(out, cap
 
 
 @pytest.mark.slow
-def test_sigkill_inside_a_state_file_write_then_resume_equals_an_uninterrupted_run(out):
+def test_sigkill_inside_a_state_file_write_then_resume_equals_an_uninterrupted_run(out, capsys):
     """The killer dies half-way through writing a client state file in round 3: the half file is a .tmp no
-    checkpoint names, and the resumed run ends where an uninterrupted one does."""
-    args = tiny(out, "fabric.cpu_threads=1", "method.name=ditto", "trainer.rounds=6", "trainer.checkpoint_every=2",
-                DISK)
-    full = run_cli(args + ["logger.run_name=full"], cwd=out)
-    assert full.returncode == 0, full.stderr[-2000:]
-    res = run_cli(args + ["logger.run_name=killed"], cwd=out, env={"FL_TEST_KILL_WRITE_ROUND": "3"},
-                  script=(str(ROOT / "tests" / "killer.py"),))
+    checkpoint names, and the resumed run (in this process) ends where an uninterrupted one does."""
+    common = ("method.name=ditto", "trainer.rounds=6", "trainer.checkpoint_every=2", DISK)
+    full = run_tiny(out, *common, name="full")
+    res = run_cli(tiny(out, "fabric.cpu_threads=1", *common, "logger.run_name=killed"), cwd=out,
+                  env={"FL_TEST_KILL_WRITE_ROUND": "3"}, script=(str(ROOT / "tests" / "killer.py"),))
     assert res.returncode == -signal.SIGKILL
     killed = out / "outputs" / "killed"
     assert load_ckpt(killed)["round"] == 1 and list((killed / "client_states").glob("*.tmp"))
     assert [p.name for p in (killed / "client_states").glob("*.lock")] == ["rank0.lock"]  # its holder is dead
-    res = run_cli([f"resume={killed}"], cwd=out)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "notice: took over the stale lock" in res.stderr and "which has ended" in res.stderr
+    capsys.readouterr()
+    assert main([f"resume={killed}"]) == 0
+    err = capsys.readouterr().err
+    assert "notice: took over the stale lock" in err and "which has ended" in err
     assert not list((killed / "client_states").glob("*.lock"))
-    assert read_metrics(killed) == read_metrics(out / "outputs" / "full")
-    assert same_private_states(client_states(killed), client_states(out / "outputs" / "full"))
+    assert read_metrics(killed) == read_metrics(full)
+    assert same_private_states(client_states(killed), client_states(full))
 
 
 @on_one_and_two_processes("disk_store_ditto", "method.name=ditto", "trainer.rounds=4", "data.num_clients=7",
@@ -255,17 +254,14 @@ def disk_store_same_on_one_and_two_processes_and_resumable_on_one(one: Path, two
     assert load_ckpt(two)["round"] == 5
 
 
-@pytest.mark.slow
-def test_a_resume_with_another_process_count_without_the_files_is_one_line(out):
-    args = tiny(out, "fabric.cpu_threads=1", "method.name=ditto", "trainer.rounds=2", DISK,
-                "logger.run_name=moved")
-    assert run_cli(args, cwd=out).returncode == 0
-    run = out / "outputs" / "moved"
+def test_a_resume_with_another_process_count_without_the_files_is_one_line(out, capsys):
+    run = run_tiny(out, "method.name=ditto", "trainer.rounds=2", DISK, name="moved")
     for f in (run / "client_states").glob("client000001-*.pt"):  # a node whose files this machine lacks
         os.remove(f)
-    res = run_cli([f"resume={run}", "trainer.rounds=3"], cwd=out)
-    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
-    assert "lacks 1 client state file" in res.stderr and "client000001-r" in res.stderr
+    capsys.readouterr()
+    assert main([f"resume={run}", "trainer.rounds=3"]) == 2
+    err = one_error_line(capsys)
+    assert "lacks 1 client state file" in err and "client000001-r" in err
 
 
 # ---- one run's files: namespaces, identity, locks (issue 26, item 1) -------------------------------------------------
@@ -601,7 +597,7 @@ def test_two_runs_at_once_with_one_state_dir_end_as_each_does_alone(out):
 
 
 @pytest.mark.slow
-def test_resuming_a_run_that_is_still_going_is_refused_and_the_run_ends_as_it_would_have(out):
+def test_resuming_a_run_that_is_still_going_is_refused_and_the_run_ends_as_it_would_have(out, capsys):
     """resume=RUN while RUN still runs (it looks dead, it is not): one line naming the live process, exit 2, nothing
     of RUN touched; RUN then ends where it would have."""
     args = tiny(out, "fabric.cpu_threads=1", "method.name=ditto", "trainer.rounds=4", "trainer.checkpoint_every=1",
@@ -612,11 +608,10 @@ def test_resuming_a_run_that_is_still_going_is_refused_and_the_run_ends_as_it_wo
     wait_for(paused, procs=[proc])
     a = out / "outputs" / "a"
     before = {p: p.read_bytes() for p in a.rglob("*") if p.is_file()}
-    second = run_cli([f"resume={a}"], cwd=out)
-    assert second.returncode == 2, second.stderr[-2000:]
-    err = second.stderr.strip().splitlines()
-    assert len(err) == 1 and f"state.dir {a / 'client_states'} is in use by another run (pid {proc.pid} on this " \
-        "host" in err[0]
+    capsys.readouterr()
+    assert main([f"resume={a}"]) == 2  # in this process
+    err = one_error_line(capsys)
+    assert f"state.dir {a / 'client_states'} is in use by another run (pid {proc.pid} on this host" in err
     assert {p: p.read_bytes() for p in a.rglob("*") if p.is_file()} == before
     go.touch()
     assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
