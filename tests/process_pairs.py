@@ -30,6 +30,7 @@ MODULES = (
     "tests.methods.test_pfedfda",
     "tests.methods.test_scaffold",
     "tests.methods.test_split_models",
+    "tests.metrics.test_adaptability_sampling",
     "tests.metrics.test_system_metrics",
 )
 

@@ -401,6 +401,7 @@ class ClientModule:
         processes can share a pass. The train/eval mode is restored once the pass is consumed."""
         fn = fn or self.predict
         bs = batch_size or eval_batch_size(self.cfg, self._batch_device())
+        augmented = bool(self.cfg.data.eval_augment and self.cfg.data.augment)  # read once: a config read is slow
         was_training = self.training
         self.eval()
         try:
@@ -408,7 +409,7 @@ class ClientModule:
             for _, rows, fetched in one_ahead(windows, self.batch_fetcher(split)):
                 with torch.no_grad(), self.fabric.autocast() if autocast else contextlib.nullcontext():
                     aug = generator(self.cfg.seed, self.round, self.cid, f"eval/augment/{rows.start}") \
-                        if self.cfg.data.eval_augment and self.cfg.data.augment else None
+                        if augmented else None
                     x, y = self.make_batch(split, rows, aug, fetched)
                     out = fn(x)
                 yield out, y

@@ -23,6 +23,12 @@ The two local-model metrics run on rounds where evaluation runs and (round + 1) 
 evaluator then sums the per-client results over the processes (each client is on exactly one), so
 1 and 2 processes give the same numbers. Classes missing from the pooled test set are left out of
 every class average, and pi_bar is renormalised over the classes that remain.
+
+Scoring every local model on the whole pooled test set costs, per adaptability round, as many test passes as the
+round trains clients. Two settings make it cheaper (issue 45): `test_shards=k` scores client c's local model on
+shard c mod k of the pooled test set (k stratified shards drawn once from the seed): the round's risk is unbiased for
+the whole-set one, and test/adaptability_se logs its standard error; `train_per_class=m` measures P on at most m
+training images of each class of the client. At 1 and 0 nothing is subsampled: the whole-set numbers, bit for bit.
 """
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ from fl.core import EvalContext, Evaluator, register_evaluator
 from fl.core.eval_schedule import is_eval_round
 from fl.core.label_sums import class_sums, label_counts
 from fl.core.metric_directions import HIGHER, LOWER, NEITHER, Directions
+from fl.core.seeding import generator
 
 KL_REDUCTIONS = ("mean_present", "sum", "batchmean_C")
 
@@ -100,15 +107,47 @@ def local_probability_matrix(module, split) -> tuple[Tensor, Tensor]:
     return sums, counts
 
 
-def class_counts(ctx: EvalContext) -> tuple[Tensor, Tensor]:
-    """Correct and total predictions per true class of the loaded model (a local one) on the pooled test set, scored
-    on this process alone."""
-    from fl.core import GroupedAccuracy  # a torchmetrics Metric: loads with the first evaluation
+def class_counts(counter, module, split) -> tuple[Tensor, Tensor]:
+    """Correct and total predictions per true class of the module's model (a local one) on `split` (the pooled test
+    set or a shard of it), counted by `counter` (a GroupedAccuracy over the classes, on this process alone)."""
+    counter.reset()
+    for logits, y in module.eval_pass(split):
+        counter.update(logits.argmax(1), y)
+    return counter.counts()
 
-    counts = GroupedAccuracy(ctx.data.num_classes, sync_on_compute=False).to(ctx.fabric.device)
-    for logits, y in ctx.module.eval_pass(ctx.data.pooled_test()):
-        counts.update(logits.argmax(1), y)
-    return counts.counts()
+
+def stratified_shards(y: Tensor, k: int, gen: torch.Generator) -> Tensor:
+    """The shard (0 .. k-1) of each row: each class's rows in a random order dealt out in turn, so that every shard
+    holds each class's rows in proportion, within one row."""
+    y = y.cpu()
+    shard = torch.empty(len(y), dtype=torch.long)
+    for c in torch.unique(y):
+        rows = torch.nonzero(y == c).flatten()
+        shard[rows[torch.randperm(len(rows), generator=gen)]] = torch.arange(len(rows)) % k
+    return shard
+
+
+def per_class_sample(y: Tensor, per_class: int, gen: torch.Generator) -> Tensor:
+    """The sorted rows of at most `per_class` images of each class, drawn at random."""
+    y = y.cpu()
+    kept = [rows[torch.randperm(len(rows), generator=gen)[:per_class]]
+            for rows in (torch.nonzero(y == c).flatten() for c in torch.unique(y))]
+    return torch.cat(kept).sort().values if kept else torch.zeros(0, dtype=torch.long)
+
+
+def sharded_risk_se(correct: Tensor, total: Tensor, pooled: Tensor, w: Tensor, shard: Tensor) -> Tensor:
+    """Standard error of the mean over local models of the risk each scores on its shard, as an estimate of the same
+    mean on the whole pooled test set. Per model, the per-class error is a proportion from n of the class's N images
+    drawn without replacement: variance e (1 - e) / (n - 1) (1 - n / N), weighted by w^2 and summed over classes,
+    with e = (errors + 1/2) / (n + 1), so that a class the shard shows all right or all wrong still counts as
+    uncertain (the plain proportion would say 0). Models on one shard are correlated (at most perfectly): their
+    standard deviations add within a shard, shards add in variance. correct, total: [models, classes] on the
+    shards; pooled: [classes] on the whole set."""
+    e = (total - correct + 0.5) / (total + 1)
+    fpc = (1.0 - total / pooled.clamp_min(1)).clamp_min(0)
+    var = (w ** 2 * e * (1 - e) / (total - 1).clamp_min(1) * fpc).sum(1)
+    per_shard = class_sums(var.sqrt(), shard, int(shard.max()) + 1)
+    return per_shard.square().sum().sqrt() / len(var)
 
 
 @dataclass
@@ -117,6 +156,13 @@ class AdaptabilitySettings:
                        "rounds and the last")
     kl_tau: float = param(1.0 - 1e-5, gt=0.0, lt=1.0, help="diagonal tau of the template Q in the KL(P||Q) "
                           "diagnostic (FedACD's Eq. 10)")
+    test_shards: int = param(1, ge=1, help="score client c's local model on shard c mod k of the pooled test set, "
+                             "split once (from the seed) into k shards that each hold 1/k of every class (k lowered "
+                             "to the smallest class's image count): 1/k of the cost, the same risk in expectation, "
+                             "its standard error logged as test/adaptability_se; 1: the whole set")
+    train_per_class: int = param(0, ge=0, help="P of the KL(P||Q) diagnostic from at most this many of the client's "
+                                 "training images of each class (drawn once from the seed); P and test/absent_mass "
+                                 "are unbiased under it, the KL (convex in P) slightly high; 0: every image")
 
 
 @register_evaluator
@@ -127,11 +173,51 @@ class Adaptability(Evaluator):
     Settings = AdaptabilitySettings
     # the risk is an error rate; KL(P || Q) to the template, lower as FedACD's l2 drives it; the absent classes' mass
     # is a diagnostic of the data, neither way better
-    metric_directions = {"test/adaptability": LOWER, "test/kl_PQ": LOWER, "test/absent_mass": NEITHER}
+    metric_directions = {"test/adaptability": LOWER, "test/kl_PQ": LOWER, "test/absent_mass": NEITHER,
+                         "test/adaptability_se": NEITHER}
 
     def __init__(self, settings):
         super().__init__(settings)
         self.stash: dict[int, tuple] = {}  # this process's clients: cid -> (correct, total, kl, absent mass)
+        self.shards: tuple = (None, None, 1)  # (the pooled test split they divide, each row's shard, their number)
+        self.train_rows: dict[int, Tensor] = {}  # cid -> the rows of its training split that P is measured on
+        self.counter = None  # one GroupedAccuracy for every local model: making one costs about a millisecond
+
+    def class_counter(self, ctx: EvalContext):
+        if self.counter is None:
+            from fl.core import GroupedAccuracy  # a torchmetrics Metric: loads with the first evaluation
+
+            self.counter = GroupedAccuracy(ctx.data.num_classes, sync_on_compute=False).to(ctx.fabric.device)
+        return self.counter
+
+    def pooled_shards(self, ctx: EvalContext) -> tuple[Tensor | None, int]:
+        """Each row's shard of the pooled test set and their number k (test_shards, lowered to the smallest class's
+        image count so that every shard holds every class), drawn once from the seed for this data view's set."""
+        pooled = ctx.data.pooled_test()
+        if self.shards[0] is not pooled:
+            counts = torch.bincount(pooled.y.cpu())
+            k = min(self.hp.test_shards, int(counts[counts > 0].min())) if len(pooled) else 1
+            gen = generator(ctx.cfg.seed, 0, -1, "adaptability/test")
+            self.shards = (pooled, stratified_shards(pooled.y, k, gen) if k > 1 else None, k)
+        return self.shards[1], self.shards[2]
+
+    def test_split(self, ctx: EvalContext, cid: int):
+        """What client cid's local model is scored on: the pooled test set, or its shard (test_shards)."""
+        pooled = ctx.data.pooled_test()
+        shard, k = self.pooled_shards(ctx) if self.hp.test_shards > 1 else (None, 1)
+        if k == 1:
+            return pooled
+        return pooled.subset(torch.nonzero(shard == cid % k).flatten().to(pooled.y.device))
+
+    def train_split(self, ctx: EvalContext, cid: int):
+        """What client cid's P is measured on: its training split, or at most train_per_class images a class of it."""
+        train = ctx.data.clients[cid].train
+        if self.hp.train_per_class == 0:
+            return train
+        if cid not in self.train_rows:
+            self.train_rows[cid] = per_class_sample(train.y, self.hp.train_per_class,
+                                                    generator(ctx.cfg.seed, 0, cid, "adaptability/train"))
+        return train.subset(self.train_rows[cid].to(train.y.device))
 
     def active(self, cfg, rnd: int) -> bool:
         """The loop's evaluation rounds ((round + 1) % eval_every == 0, or the last), thinned to every
@@ -143,8 +229,8 @@ class Adaptability(Evaluator):
         """Per-class test errors and KL(P || Q) of client cid's freshly trained local model."""
         if cid < 0 or not self.active(ctx.cfg, ctx.round):
             return
-        correct, total = class_counts(ctx)
-        sums, n = local_probability_matrix(ctx.module, ctx.data.clients[cid].train)
+        correct, total = class_counts(self.class_counter(ctx), ctx.module, self.test_split(ctx, cid))
+        sums, n = local_probability_matrix(ctx.module, self.train_split(ctx, cid))
         present = n > 0
         P = sums / n.clamp_min(1)[:, None]
         if bool(present.any()):
@@ -174,10 +260,16 @@ class Adaptability(Evaluator):
         if not bool(has.any()):
             return {}
         pi_bar = mean_label_distribution(ctx.data.label_counts("train"))
-        tested = total[has][0] > 0  # every local model is scored on the same pooled test set
+        tested = total[has][0] > 0  # the pooled test set's classes: each shard holds every one of them
         errors = 1.0 - correct[has] / total[has].clamp_min(1)
         risk = adaptability_risk(errors, pi_bar, tested)
         out = {"test/adaptability": float(risk.mean())}
+        k = self.pooled_shards(ctx)[1] if self.hp.test_shards > 1 else 1
+        if k > 1:  # every process knows k: the same keys on 1 process and on 2
+            pooled = torch.bincount(ctx.data.pooled_test().y.cpu(), minlength=K).to(torch.float64)
+            w = pi_bar * tested / (pi_bar * tested).sum()
+            shard_of = torch.nonzero(has).flatten() % k
+            out["test/adaptability_se"] = float(sharded_risk_se(correct[has], total[has], pooled, w, shard_of))
         measured = has & kl.isfinite()  # the local models of clients with training data
         if bool(measured.any()):
             out.update({"test/kl_PQ": float(kl[measured].mean()), "test/absent_mass": float(absent[measured].mean())})
