@@ -490,13 +490,16 @@ def load_config(argv: list[str], check: bool = True) -> DictConfig:
     target)."""
     registry.load_plugins()
     conf, overrides = parse_argv(argv)
-    for arg in overrides:  # one at a time, so the message names the bad one
-        try:
-            OmegaConf.from_dotlist([arg])
-        except Exception as err:  # YAML or OmegaConf grammar errors
-            raise ConfigError(f"cannot parse {arg!r}: {str(err).splitlines()[0]} (lists are written "
-                              "key=[a,b], strings with spaces key='a b')") from None
-    cli = OmegaConf.from_dotlist(overrides)
+    try:
+        cli = OmegaConf.from_dotlist(overrides)
+    except Exception:
+        for arg in overrides:  # one at a time, so the message names the bad one
+            try:
+                OmegaConf.from_dotlist([arg])
+            except Exception as err:  # YAML or OmegaConf grammar errors
+                raise ConfigError(f"cannot parse {arg!r}: {str(err).splitlines()[0]} (lists are written "
+                                  "key=[a,b], strings with spaces key='a b')") from None
+        raise
     refuse_moved_keys(cli, "command line")
     check_shapes(cli, "command line")
     resume = OmegaConf.select(cli, "resume", default=None)

@@ -167,7 +167,7 @@ def _schema_of(args: list[str]):
     from omegaconf import OmegaConf
 
     from fl.config import ConfigError
-    from fl.config.blocks import chosen, schema
+    from fl.config.blocks import chosen, shared_schema
     from fl.config.load import DEFAULT_CONF, load_conf_file, parse_argv, resolve_conf_path
     from fl.core import registry
     from fl.core.plugins import import_named
@@ -182,7 +182,9 @@ def _schema_of(args: list[str]):
                 for module in a.split("=", 1)[1].strip("[]").split(","):
                     import_named(module.strip(), registry.TABLES)
         names = [a for a in overrides if a.split("=", 1)[0].endswith(".name")]
-        return schema(chosen(load_conf_file(resolve_conf_path(conf or DEFAULT_CONF)), OmegaConf.from_dotlist(names)))
+        # read only (_has): the shared schema, not a copy of it
+        return shared_schema(chosen(load_conf_file(resolve_conf_path(conf or DEFAULT_CONF)),
+                                    OmegaConf.from_dotlist(names)))
     except (ConfigError, ImportError):
         return None
 
