@@ -11,7 +11,8 @@ import torch
 
 from fl.config import ConfigError
 from fl.core import registry, sample_clients
-from tests.helpers import assert_same_rows, doc_section, global_params, load_ckpt, read_metrics, run_cli, run_tiny
+from fl.run.train import main as train_main
+from tests.helpers import assert_same_rows, doc_section, global_params, load_ckpt, read_metrics, run_tiny
 
 
 def register_example(name: str) -> None:
@@ -54,16 +55,19 @@ def test_the_example_trains_k_clients_at_once_as_one_at_a_time(out, monkeypatch)
         torch.testing.assert_close(gb[name], value, rtol=0, atol=1e-5)
 
 
-@pytest.mark.slow
-def test_the_larger_than_memory_example_maps_the_pool_and_runs_as_the_pool_in_memory(out):
+def test_the_larger_than_memory_example_maps_the_pool_and_runs_as_the_pool_in_memory(out, monkeypatch, capsys):
+    """The page's two commands, run in this process from `out` (their paths are relative)."""
     section = doc_section("docs/larger-than-memory.md", "# Datasets larger than memory")
     commands = [shlex.split(line) for line in re.search(r"```bash\n(.*?)```", section, re.S).group(1).splitlines()]
     assert [c[:3] for c in commands] == [["python", "-m", "fl.train"]] * 2
-    runs = [run_cli(c[3:] + ["logger.wandb.mode=disabled", "logger.progress=false"], cwd=out) for c in commands]
-    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+    monkeypatch.chdir(out)
+    errs = []
+    for c in commands:
+        assert train_main(c[3:] + ["logger.wandb.mode=disabled", "logger.progress=false"]) == 0
+        errs.append(capsys.readouterr().err)
     printed = " ".join(re.search(r"prints `(data: .*?)`", section, re.S).group(1).split())
-    assert re.search(re.escape(printed).replace("<hash>", r"\w+"), runs[0].stderr), runs[0].stderr[-2000:]
-    assert "memory-mapped" not in runs[1].stderr and (out / "data" / "embedded" / ".fl_cache").is_dir()
+    assert re.search(re.escape(printed).replace("<hash>", r"\w+"), errs[0]), errs[0][-2000:]
+    assert "memory-mapped" not in errs[1] and (out / "data" / "embedded" / ".fl_cache").is_dir()
     mapped, in_memory = (read_metrics(out / "outputs" / c[-1].split("=")[1]) for c in commands)
     assert mapped == in_memory and len(mapped) == 2
 
