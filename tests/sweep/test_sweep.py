@@ -230,7 +230,9 @@ def test_a_damaged_config_of_a_run_is_named_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_offline_sweep_runs_groups_resumes_and_picks_the_best(tmp_path):
+def test_offline_sweep_runs_groups_resumes_and_picks_the_best(tmp_path, capsys):
+    """The command runs the sweep; again (in this process, as the later invocations), it reruns only the run that lost
+    its summary; with other settings it refuses to pass the finished runs for them."""
     sweep_file = tmp_path / "tiny.yaml"
     sweep_file.write_text(yaml.safe_dump(doc(name="tiny", parameters={
         "method.name": {"value": "fedprox"}, "method.mu": {"values": [0.0, 1.0]}})))
@@ -251,9 +253,10 @@ def test_offline_sweep_runs_groups_resumes_and_picks_the_best(tmp_path):
     done, half = runs
     (half / "summary.json").unlink()
     stamp = (done / "summary.json").stat().st_mtime_ns
-    res = run_cli(args, cwd=tmp_path, script=("-m", "fl.sweep"))
-    assert res.returncode == 0, res.stderr + res.stdout
-    assert f"reusing 1 of 2 runs, finished earlier with the same config: {done.name}; 1 to go" in res.stdout
+    capsys.readouterr()
+    assert sweep_main(args) == 0
+    said = capsys.readouterr().out
+    assert f"reusing 1 of 2 runs, finished earlier with the same config: {done.name}; 1 to go" in said
     assert (done / "summary.json").stat().st_mtime_ns == stamp  # not rerun
     assert (half / "summary.json").is_file()
     log = (out / "logs" / f"{half.name}.log").read_text()
@@ -261,9 +264,10 @@ def test_offline_sweep_runs_groups_resumes_and_picks_the_best(tmp_path):
     assert json.loads((half / "summary.json").read_text())["final"]["test/acc_mean_clients"] == finals[half.name]
 
     # the real command after a smoke test: other settings never pass for the finished runs
-    res = run_cli(args + ["trainer.rounds=3"], cwd=tmp_path, script=("-m", "fl.sweep"))
-    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0
-    assert "trainer.rounds=2" in res.stderr and "trainer.rounds=3" in res.stderr and "--out" in res.stderr
+    assert sweep_main(args + ["trainer.rounds=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0
+    assert "trainer.rounds=2" in err and "trainer.rounds=3" in err and "--out" in err
     assert (done / "summary.json").stat().st_mtime_ns == stamp
 
 
