@@ -262,12 +262,22 @@ def test_a_tiny_reproduction_end_to_end_runs_reuses_its_runs_and_checks_its_reco
     doc = json.loads(record.read_text())
     checked = out.split("the cheapest first: ")[1].split(")")[0]
     entry = next(r for r in doc["runs"] if r["run"] == checked)
+    recorded = entry["final"]["test/acc_mean_clients"]
     entry["final"]["test/acc_mean_clients"] += 2 ** -40  # one bit of difference is a difference
     record.write_text(json.dumps(doc))
     assert main(check) == 1
     out = capsys.readouterr().out
     assert "DIFFERS: 1 of the " in out and f"  {checked}: final test/acc_mean_clients: recorded" in out
     assert "(|difference| 9.09e-13)" in out
+    # a config that resolves differently (here: a setting added since the record, at a default that changes nothing)
+    # is said; the values decide
+    entry["final"]["test/acc_mean_clients"] = recorded
+    entry["config_sha1"] = "0" * 40
+    record.write_text(json.dumps(doc))
+    assert main(check) == 0
+    out = capsys.readouterr().out
+    assert f"note: {checked}: the same overrides resolve to another config now" in out
+    assert "every recorded value of the 1 runs is equal, bit for bit" in out
 
 
 @pytest.mark.slow
