@@ -9,7 +9,7 @@ import os
 import sys
 
 import lightning.fabric.plugins.precision as fabric_precision
-from jumpy_loss_scale import jumpy  # this script's folder is on the path
+from jumpy_loss_scale import precision_class  # this script's folder is on the path
 
 from fl.run.run_dir import RUN_DIR_ENV
 from fl.run.train import main
@@ -20,7 +20,7 @@ if __name__ == "__main__":
     launched = os.environ.get("LOCAL_RANK") not in (None, "0")  # a process the first launch started
     plain = fabric_precision.MixedPrecision
     for args in runs:
-        fabric_precision.MixedPrecision = jumpy if "fabric.precision=16-mixed" in args else plain
+        fabric_precision.MixedPrecision = precision_class(args, plain)
         name = next(a.split("=", 1)[1] for a in args if a.startswith("logger.run_name="))
         out = next(a.split("=", 1)[1] for a in args if a.startswith("logger.output_dir="))
         if launched:  # rank 0 makes each run's directory; this process finds it as a launched rank does

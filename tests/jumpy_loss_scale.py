@@ -16,6 +16,12 @@ def jumpy(precision: str, device: str) -> MixedPrecision:
     return MixedPrecision(precision, device, torch.amp.GradScaler(device, init_scale=2.0 ** 20, growth_interval=1))
 
 
+def precision_class(args: list[str], plain):
+    """What the runs of the conformance groups (tests/every_method.py, tests/core/test_conformance.py) build their
+    mixed precision with: the jumpy scaler for a 16-mixed run, Fabric's own `plain` for any other."""
+    return jumpy if "fabric.precision=16-mixed" in args else plain
+
+
 if __name__ == "__main__":
     fabric_precision.MixedPrecision = jumpy
     sys.exit(fl.run.train.main(sys.argv[1:]))

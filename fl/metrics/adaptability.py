@@ -116,22 +116,25 @@ def class_counts(counter, module, split) -> tuple[Tensor, Tensor]:
     return counter.counts()
 
 
+def shuffled_class_rows(y: Tensor, gen: torch.Generator) -> list[Tensor]:
+    """Each class's rows (class by class, in label order), each in a random order."""
+    y = y.cpu()
+    return [rows[torch.randperm(len(rows), generator=gen)]
+            for rows in (torch.nonzero(y == c).flatten() for c in torch.unique(y))]
+
+
 def stratified_shards(y: Tensor, k: int, gen: torch.Generator) -> Tensor:
     """The shard (0 .. k-1) of each row: each class's rows in a random order dealt out in turn, so that every shard
     holds each class's rows in proportion, within one row."""
-    y = y.cpu()
     shard = torch.empty(len(y), dtype=torch.long)
-    for c in torch.unique(y):
-        rows = torch.nonzero(y == c).flatten()
-        shard[rows[torch.randperm(len(rows), generator=gen)]] = torch.arange(len(rows)) % k
+    for rows in shuffled_class_rows(y, gen):
+        shard[rows] = torch.arange(len(rows)) % k
     return shard
 
 
 def per_class_sample(y: Tensor, per_class: int, gen: torch.Generator) -> Tensor:
     """The sorted rows of at most `per_class` images of each class, drawn at random."""
-    y = y.cpu()
-    kept = [rows[torch.randperm(len(rows), generator=gen)[:per_class]]
-            for rows in (torch.nonzero(y == c).flatten() for c in torch.unique(y))]
+    kept = [rows[:per_class] for rows in shuffled_class_rows(y, gen)]
     return torch.cat(kept).sort().values if kept else torch.zeros(0, dtype=torch.long)
 
 
@@ -179,7 +182,8 @@ class Adaptability(Evaluator):
     def __init__(self, settings):
         super().__init__(settings)
         self.stash: dict[int, tuple] = {}  # this process's clients: cid -> (correct, total, kl, absent mass)
-        self.shards: tuple = (None, None, 1)  # (the pooled test split they divide, each row's shard, their number)
+        # (the pooled test split they divide, its images per class, each row's shard, their number)
+        self.shards: tuple = (None, None, None, 1)
         self.train_rows: dict[int, Tensor] = {}  # cid -> the rows of its training split that P is measured on
         self.counter = None  # one GroupedAccuracy for every local model: making one costs about a millisecond
 
@@ -190,21 +194,24 @@ class Adaptability(Evaluator):
             self.counter = GroupedAccuracy(ctx.data.num_classes, sync_on_compute=False).to(ctx.fabric.device)
         return self.counter
 
-    def pooled_shards(self, ctx: EvalContext) -> tuple[Tensor | None, int]:
-        """Each row's shard of the pooled test set and their number k (test_shards, lowered to the smallest class's
-        image count so that every shard holds every class), drawn once from the seed for this data view's set."""
+    def pooled_shards(self, ctx: EvalContext) -> tuple[Tensor | None, Tensor | None, int]:
+        """The pooled test set's images per class, each row's shard and their number k (test_shards, lowered to the
+        smallest class's image count so that every shard holds every class), drawn once from the seed for this data
+        view's set; (None, None, 1) when nothing is sharded."""
         pooled = ctx.data.pooled_test()
+        if self.hp.test_shards == 1:
+            return None, None, 1
         if self.shards[0] is not pooled:
-            counts = torch.bincount(pooled.y.cpu())
+            counts = torch.bincount(pooled.y.cpu(), minlength=ctx.data.num_classes)
             k = min(self.hp.test_shards, int(counts[counts > 0].min())) if len(pooled) else 1
             gen = generator(ctx.cfg.seed, 0, -1, "adaptability/test")
-            self.shards = (pooled, stratified_shards(pooled.y, k, gen) if k > 1 else None, k)
-        return self.shards[1], self.shards[2]
+            self.shards = (pooled, counts, stratified_shards(pooled.y, k, gen) if k > 1 else None, k)
+        return self.shards[1:]
 
     def test_split(self, ctx: EvalContext, cid: int):
         """What client cid's local model is scored on: the pooled test set, or its shard (test_shards)."""
         pooled = ctx.data.pooled_test()
-        shard, k = self.pooled_shards(ctx) if self.hp.test_shards > 1 else (None, 1)
+        _, shard, k = self.pooled_shards(ctx)
         if k == 1:
             return pooled
         return pooled.subset(torch.nonzero(shard == cid % k).flatten().to(pooled.y.device))
@@ -264,12 +271,12 @@ class Adaptability(Evaluator):
         errors = 1.0 - correct[has] / total[has].clamp_min(1)
         risk = adaptability_risk(errors, pi_bar, tested)
         out = {"test/adaptability": float(risk.mean())}
-        k = self.pooled_shards(ctx)[1] if self.hp.test_shards > 1 else 1
+        pooled, _, k = self.pooled_shards(ctx)
         if k > 1:  # every process knows k: the same keys on 1 process and on 2
-            pooled = torch.bincount(ctx.data.pooled_test().y.cpu(), minlength=K).to(torch.float64)
             w = pi_bar * tested / (pi_bar * tested).sum()
             shard_of = torch.nonzero(has).flatten() % k
-            out["test/adaptability_se"] = float(sharded_risk_se(correct[has], total[has], pooled, w, shard_of))
+            out["test/adaptability_se"] = float(sharded_risk_se(correct[has], total[has], pooled.to(torch.float64),
+                                                                w, shard_of))
         measured = has & kl.isfinite()  # the local models of clients with training data
         if bool(measured.any()):
             out.update({"test/kl_PQ": float(kl[measured].mean()), "test/absent_mass": float(absent[measured].mean())})

@@ -35,7 +35,7 @@ from tests.helpers import (
     run_cli,
     tiny,
 )
-from tests.jumpy_loss_scale import jumpy
+from tests.jumpy_loss_scale import precision_class
 
 
 # every method, and every aggregator with FedAvg's clients: fl.testing's check, as an outside plug-in's author runs it
@@ -135,7 +135,7 @@ def run_here(listed: dict[str, list[str]], monkeypatch) -> list[str]:
     plain = fabric_precision.MixedPrecision
     failed = []
     for name, args in listed.items():
-        monkeypatch.setattr(fabric_precision, "MixedPrecision", jumpy if "fabric.precision=16-mixed" in args else plain)
+        monkeypatch.setattr(fabric_precision, "MixedPrecision", precision_class(args, plain))
         with isolated():
             code = main(args)
         if code != 0:
