@@ -76,6 +76,7 @@ def isolated():
     environ, flags = dict(os.environ), torch_flags()
     tables = {kind: dict(table) for kind, table in registry.TABLES.items()}
     origins, failed = dict(plugins.ORIGINS), dict(plugins.FAILED)
+    gc.freeze()  # what exists before the run outlives it: the collection afterwards scans only what the run made
     try:
         with warnings.catch_warnings():  # entering resets the once-per-location registries; leaving, the filters
             yield
