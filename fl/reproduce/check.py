@@ -21,7 +21,7 @@ from typing import Optional
 from fl.report.runs import BadRun, load_run_dir
 from fl.reproduce.cells import run_value
 from fl.reproduce.paper import ROOT, SCALES, Paper, ReproduceError
-from fl.reproduce.plan import build_plan
+from fl.reproduce.plan import DOUBLED, build_plan
 from fl.reproduce.record import config_hash, provenance, run_argv, run_key
 from fl.reproduce.timing import twin_seconds
 from fl.sweep.runner import run_jobs
@@ -115,7 +115,7 @@ def rerun_values(paper: Paper, entry: dict, run) -> dict[str, object]:
     """recorded_values' names, read from the re-run."""
     out = {f"final {k}": v for k, v in compared(run.summary.get("final", {})).items()}
     for label in entry.get("selected", {}):
-        table_id, column_id, row_id = label.split("/", 2)
+        table_id, column_id, row_id = label.removesuffix(f"@x{DOUBLED}").split("/", 2)  # a run at twice the budget's
         table = paper.table(table_id)
         now = run_value(run, table.metric_of(table.column(column_id), table.row(row_id)), table.stat, table.select)
         out[f"cell {label}"] = None if now is None else now * table.factor

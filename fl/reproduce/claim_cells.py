@@ -41,6 +41,20 @@ def cells_of(claim: Claim) -> list[list[CellKey]]:
             for _, p in instances(claim)]
 
 
+def read_by(claim: Claim, table: Table, keys: list[CellKey]) -> list[CellKey]:
+    """The cells one check of the claim reads: its own (`keys`, from cells_of), or for rank and spearman every row of
+    the column."""
+    if claim.rule in ("rank", "spearman"):
+        return [CellKey(table.id, keys[0].column, r.method) for r in table.rows]
+    return keys
+
+
+def judged_cells(paper: Paper, scale: str) -> set[CellKey]:
+    """Every cell a claim checked at `scale` reads."""
+    return {k for claim in paper.claims if scale in claim.scales for keys in cells_of(claim)
+            for k in read_by(claim, paper.table(keys[0].table), keys)}
+
+
 def paper_mean(table: Table, column: str, row: str):
     """The paper's mean of a cell (a variant column reads its paper_column's), or None where none is printed."""
     value = table.row(row).paper.get(table.column(column).paper_column)

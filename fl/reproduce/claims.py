@@ -26,11 +26,18 @@ UNRESOLVED too. The rules:
   paper + t], FAILS when it lies wholly outside, else UNRESOLVED. Checked at --scale paper only: a twin's absolute
   numbers are not the paper's.
 
-A claim over several columns (`columns:`) or rows (`rows:`) is one check per column or row; n counts those whose
-cells exist at this scale (a column with no sweep here, or a cell the twin cannot run, is named and left out; one
-outside the twin's time budget counts, not run). It FAILS when any check fails, HOLDS only when all n checks ran
-and hold, is PARTIAL, printed `HOLDS in k of n`, when k >= 1 checks hold and none fails, and is otherwise
-UNRESOLVED. A claim none of whose checks ran is reported as not checked at this scale.
+A claim over several columns (`columns:`) or rows (`rows:`) is one check per column or row. A check that ran is
+judged only where the reading is about the method, not the twin:
+- regime: its columns are in the paper's regime (fl/reproduce/regime.py: the table's reference baselines near the
+  paper's values); elsewhere it is NOT JUDGED with cause `regime`;
+- budget (twin scale): the judged cells of one seed are also run at twice the twin's training rounds
+  (fl/reproduce/plan.py); each cell moved by that seed's change, its spread kept, the rule is applied again. A check
+  whose verdict differs there (or whose run there is missing) is budget-limited: NOT JUDGED with cause `budget`.
+n counts the judged checks; a check not run (outside the twin's time budget: --every-cell) or with no cell at this
+scale (paper scale only) is named and not counted. The claim FAILS (cause `method`, printed `FAILS in k of n`) when
+any judged check fails, HOLDS when all n hold, is PARTIAL (`HOLDS in k of n`, k < n) when some hold and the rest are
+UNRESOLVED, and is UNRESOLVED otherwise (both with cause `overlap`); with no judged check it is NOT JUDGED (cause
+`regime` or `budget`), and with none run, not checked at this scale.
 """
 from __future__ import annotations
 
@@ -38,11 +45,19 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fl.reproduce.cells import Cell, CellKey
-from fl.reproduce.claim_cells import cells_of, instances, paper_mean, stated_ties
+from fl.reproduce.claim_cells import cells_of, instances, paper_mean, read_by, stated_ties
 from fl.reproduce.paper import Claim, Paper, Table
+from fl.reproduce.regime import column_regime
 from fl.reproduce.spearman import critical_rho, p_value, spearman_rho
 
-HOLDS, FAILS, UNRESOLVED, PARTIAL = "HOLDS", "FAILS", "UNRESOLVED", "PARTIAL"
+HOLDS, FAILS, UNRESOLVED, PARTIAL, NOT_JUDGED = "HOLDS", "FAILS", "UNRESOLVED", "PARTIAL", "NOT JUDGED"
+REGIME, BUDGET, OVERLAP, METHOD = "regime", "budget", "overlap", "method"  # why a verdict is short of HOLDS
+CAUSE_WORDS = {
+    REGIME: "not judged: the twin is outside the paper's regime there",
+    BUDGET: "not judged: the verdict changes at twice the twin's training budget, or was not run there",
+    OVERLAP: "the seed spreads overlap (or a cell has one seed)",
+    METHOD: "in the paper's regime, the same at twice the twin's budget, the spreads apart: the method fails on the "
+            "twin"}
 
 
 @dataclass
@@ -50,7 +65,21 @@ class Check:
     label: str              # which column / row this check is about
     verdict: Optional[str]  # None: its cells were not run at this scale
     detail: str
-    counts: bool = True     # whether it is one of the claim's n at this scale (False: no cell of it exists here)
+    counts: bool = True     # whether a cell of it exists at this scale (False: paper scale only)
+    regime: bool = True     # its columns are in the paper's regime (fl/reproduce/regime.py)
+    regime_why: str = ""
+    budget: Optional[str] = None  # twin scale: "stable", "limited" (its verdict differs at twice the budget) or
+                                  # "missing" (a run at twice the budget is); None at paper scale
+    doubled_detail: str = ""      # its numbers at twice the budget
+
+    @property
+    def cause(self) -> Optional[str]:
+        """Why a check that ran is not judged (REGIME, BUDGET), or None."""
+        if not self.verdict:
+            return None
+        if not self.regime:
+            return REGIME
+        return BUDGET if self.budget in ("limited", "missing") else None
 
 
 @dataclass
@@ -59,22 +88,37 @@ class ClaimResult:
     verdict: Optional[str]           # None: not checked at this scale
     checks: list[Check] = field(default_factory=list)
     note: str = ""                   # why it was not checked, or the known reason beside a twin's failure
+    cause: Optional[str] = None      # REGIME, BUDGET, OVERLAP or METHOD when the verdict is short of HOLDS
+
+    @property
+    def judged(self) -> list[Check]:
+        return [c for c in self.checks if c.verdict and c.cause is None]
 
     @property
     def held(self) -> int:
-        return sum(c.verdict == HOLDS for c in self.checks)
+        return sum(c.verdict == HOLDS for c in self.judged)
+
+    @property
+    def failed(self) -> int:
+        return sum(c.verdict == FAILS for c in self.judged)
 
     @property
     def named(self) -> int:
-        """n: the checks whose cells exist at this scale, run or not."""
-        return sum(c.counts for c in self.checks)
+        """n: the checks that ran and are judged at this scale."""
+        return len(self.judged)
 
     @property
     def label(self) -> str:
-        """The verdict as printed: PARTIAL is `HOLDS in k of n`."""
+        """The verdict as printed, with k of n where the claim has several checks: `HOLDS in 2 of 3`, `FAILS in 1 of
+        3` (PARTIAL is `HOLDS in k of n` with k < n), `NOT JUDGED (regime)`."""
         if self.verdict is None:
             return "NOT CHECKED"
-        return f"HOLDS in {self.held} of {self.named}" if self.verdict == PARTIAL else self.verdict
+        if self.verdict == NOT_JUDGED:
+            return f"NOT JUDGED ({self.cause})"
+        word = HOLDS if self.verdict == PARTIAL else self.verdict
+        if len(self.checks) == 1:
+            return word
+        return f"{word} in {self.failed if word == FAILS else self.held} of {self.named}"
 
 
 # ---- the rules ---------------------------------------------------------------------------------------------
@@ -185,30 +229,55 @@ def exists_at(paper: Paper, key: CellKey, scale: str) -> bool:
     return not (scale == "twin" and key.row is not None and key.row in column.twin_skip)
 
 
-def combine(checks: list[Check]) -> Optional[str]:
-    """The claim's verdict from its checks (module docstring); None when none ran."""
-    ran = [c.verdict for c in checks if c.verdict is not None]
-    if not ran:
+def at_double(cell: Cell, doubled: Optional[Cell]) -> Optional[Cell]:
+    """The cell at twice the twin's training budget: the change one seed's run made there (the doubled budget runs
+    one seed) applied to every seed, the seed spread kept. None when that run is missing."""
+    shared = [s for s in (doubled.seeds if doubled else {}) if s in cell.seeds]
+    if not shared or cell.mean is None:
         return None
-    if FAILS in ran:
-        return FAILS
-    held = ran.count(HOLDS)
-    if held == len(ran) and len(ran) == sum(c.counts for c in checks):
-        return HOLDS
-    return PARTIAL if held else UNRESOLVED
+    change = doubled.seeds[shared[0]] - cell.seeds[shared[0]]
+    return Cell(cell.mean + change, cell.std, cell.n, {s: v + change for s, v in cell.seeds.items()})
 
 
-def evaluate(paper: Paper, claim: Claim, results: dict[CellKey, Cell], scale: str) -> ClaimResult:
-    """The claim's verdict at `scale` from our cells (`results`: only the cells run at this scale)."""
+def _judge(claim: Claim, table: Table, keys: list[CellKey], p: dict, results: dict[CellKey, Cell]) -> tuple[str, str]:
+    """One check's verdict and numbers by the claim's rule, over `results`."""
+    if claim.rule == "better":
+        return better(results[keys[0]], results[keys[1]], table, float(p.get("margin", 0.0)))
+    if claim.rule == "rank":
+        return rank(keys[0].row, _column_cells(results, table, keys[0].column), table, int(p["rank"]),
+                    tuple(stated_ties(claim, keys[0].column)))
+    if claim.rule == "spearman":
+        numbers = {r.method: paper_mean(table, keys[0].column, r.method) for r in table.rows}
+        return spearman(_column_cells(results, table, keys[0].column),
+                        {m: v for m, v in numbers.items() if v is not None})
+    return within(results[keys[0]], paper_mean(table, keys[0].column, keys[0].row), float(p["tolerance"]),
+                  table.digits)
+
+
+def _budget(claim, table, keys, p, results, doubled) -> tuple[Optional[str], str]:
+    """The check at twice the twin's budget: its verdict there (None: a doubled run is missing) and its words."""
+    read = [k for k in read_by(claim, table, keys) if k in results and results[k].n]
+    moved = {k: at_double(results[k], doubled.get(k)) for k in read}
+    if any(c is None for c in moved.values()):
+        missing = [k.row for k, c in moved.items() if c is None]
+        return None, f"not run at twice the twin's budget: {', '.join(missing)}"
+    verdict, text = _judge(claim, table, keys, p, {**results, **moved})
+    return verdict, text
+
+
+def evaluate(paper: Paper, claim: Claim, results: dict[CellKey, Cell], scale: str,
+             doubled: Optional[dict[CellKey, Cell]] = None) -> ClaimResult:
+    """The claim's verdict at `scale` from our cells (`results`: only the cells run at this scale), each check judged
+    only in the paper's regime (fl/reproduce/regime.py) and, at twin scale, only where it does not change at twice
+    the twin's training budget (`doubled`: the cells of one seed run so; None: not run)."""
     if scale not in claim.scales:
         return ClaimResult(claim, None, note=f"checked at --scale {' / '.join(claim.scales)} only")
     checks = []
     for (label, p), keys in zip(instances(claim), cells_of(claim)):
         table = paper.table(keys[0].table)
-        column_cells = _column_cells(results, table, keys[0].column)
         if claim.rule == "spearman":  # its key names the column only: it reads every row run there
             needed = [keys[0]]
-            missing = [] if column_cells else needed
+            missing = [] if _column_cells(results, table, keys[0].column) else needed
         else:
             needed = keys if claim.rule in ("better", "within") else keys[:1]
             missing = [k for k in needed if k not in results]
@@ -217,20 +286,34 @@ def evaluate(paper: Paper, claim: Claim, results: dict[CellKey, Cell], scale: st
                 f"{k.table}/{k.column}/{k.row}" if k.row else f"{k.table}/{k.column}" for k in missing),
                 all(exists_at(paper, k, scale) for k in needed)))
             continue
-        if claim.rule == "better":
-            verdict, text = better(results[keys[0]], results[keys[1]], table, float(p.get("margin", 0.0)))
-        elif claim.rule == "rank":
-            verdict, text = rank(keys[0].row, column_cells, table, int(p["rank"]),
-                                 tuple(stated_ties(claim, keys[0].column)))
-        elif claim.rule == "spearman":
-            numbers = {r.method: paper_mean(table, keys[0].column, r.method) for r in table.rows}
-            verdict, text = spearman(column_cells, {m: v for m, v in numbers.items() if v is not None})
-        else:
-            verdict, text = within(results[keys[0]], paper_mean(table, keys[0].column, keys[0].row),
-                                   float(p["tolerance"]), table.digits)
-        checks.append(Check(label, verdict, text))
-    verdict = combine(checks)
-    if verdict is None:
+        verdict, text = _judge(claim, table, keys, p, results)
+        check = Check(label, verdict, text)
+        regimes = [column_regime(paper.table(k.table), k.column, results) for k in dict.fromkeys(
+            CellKey(k.table, k.column, None) for k in keys)]
+        check.regime = not any(r is False for r, _ in regimes)
+        check.regime_why = "; ".join(why for _, why in regimes if why)
+        if scale == "twin":
+            at_twice, check.doubled_detail = _budget(claim, table, keys, p, results, doubled or {})
+            check.budget = "missing" if at_twice is None else "stable" if at_twice == verdict else "limited"
+            if at_twice is not None:
+                check.doubled_detail = f"{at_twice} at twice the budget: {check.doubled_detail}"
+        checks.append(check)
+    return judge_claim(claim, checks, scale)
+
+
+def judge_claim(claim: Claim, checks: list[Check], scale: str) -> ClaimResult:
+    """The claim's verdict and cause from its checks (module docstring)."""
+    ran = [c for c in checks if c.verdict]
+    if not ran:
         return ClaimResult(claim, None, checks, note="its cells were not run at this scale")
-    note = claim.twin_note if scale == "twin" and verdict != HOLDS else ""
-    return ClaimResult(claim, verdict, checks, note)
+    judged = [c for c in ran if c.cause is None]
+    note = claim.twin_note if scale == "twin" else ""
+    if not judged:
+        cause = REGIME if any(c.cause == REGIME for c in ran) else BUDGET
+        return ClaimResult(claim, NOT_JUDGED, checks, note, cause)
+    verdicts = [c.verdict for c in judged]
+    if FAILS in verdicts:
+        return ClaimResult(claim, FAILS, checks, note, METHOD)
+    if all(v == HOLDS for v in verdicts):
+        return ClaimResult(claim, HOLDS, checks)
+    return ClaimResult(claim, PARTIAL if HOLDS in verdicts else UNRESOLVED, checks, note, OVERLAP)

@@ -197,10 +197,11 @@ def failure(job) -> str:
     return f"seed {job.seed}: {job.run_dir.name} failed: " + (error[len("error:"):].strip() if error else f"see {log}")
 
 
-def cells(paper: Paper, plan: Plan, runs: dict) -> dict:
-    """Each planned cell from its finished runs; a run that failed is named in its cell with fl.train's reason."""
+def cells(paper: Paper, planned: dict, runs: dict) -> dict:
+    """Each planned cell (plan.cells, or plan.doubled) from its finished runs; a run that failed is named in its cell
+    with fl.train's reason."""
     results: dict = {}
-    for key, jobs in plan.cells.items():
+    for key, jobs in planned.items():
         table = paper.table(key.table)
         column, row = table.column(key.column), table.row(key.row)
         found = [runs[str(j.run_dir)] for j in jobs if str(j.run_dir) in runs]
@@ -241,10 +242,10 @@ def reproduce(paper: Paper, plan: Plan, args: argparse.Namespace) -> int:
     runs, notes = load_runs(plan)
     notes += [f"run {j.run_dir.name} failed; its log: {j.run_dir.parent / 'logs' / (j.run_dir.name + '.log')}"
               for j in failed]
-    results = cells(paper, plan, runs)
+    results, doubled = cells(paper, plan.cells, runs), cells(paper, plan.doubled, runs)
     views = [column_view(t, c, results, plan.not_run) for t in tables for c in t.columns
              if any(k.table == t.id and k.column == c.id for k in results)]
-    claim_results = [evaluate(paper, c, results, args.scale) for c in paper.claims
+    claim_results = [evaluate(paper, c, results, args.scale, doubled) for c in paper.claims
                      if not args.table or uses_table(c, args.table)]
     left = not_run_lines(paper, plan)
     report = Report(paper, args.scale, seeds, views, claim_results, left, notes,
@@ -256,8 +257,9 @@ def reproduce(paper: Paper, plan: Plan, args: argparse.Namespace) -> int:
     timings = write_timings(out / "timings.json", plan, start, load)
     command = {"table": args.table, "seeds": seeds, "overrides": args.overrides, "every_cell": args.every_cell,
                "baselines": args.baselines}
-    write_json(out / "reproduce.json", report, results, command, run_records(plan, runs, results, paper, timings))
-    print(markdown(report, images=False))
+    write_json(out / "reproduce.json", report, results, doubled, command,
+               run_records(plan, runs, results, doubled, timings))
+    print(markdown(report))
     print("\n".join(summary_lines(report)))
     print(f"wrote {out / 'reproduce.md'}, {out / 'reproduce.html'}, {out / 'reproduce.json'}")
     return 1 if failed else 0

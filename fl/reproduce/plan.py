@@ -13,11 +13,13 @@ from pathlib import Path
 
 from fl.config import ARM, ConfigError
 from fl.reproduce.cells import CellKey
+from fl.reproduce.claim_cells import judged_cells
 from fl.reproduce.paper import Paper, ReproduceError, SweepRef, Table
 from fl.sweep.runner import Job, check_reuse, plan_points, point_id
 from fl.sweep.spec import Sweep, expand, load_sweep
 
 TWIN_EXTRA = ("fabric.cpu_threads=1",)  # twins run --parallel N at once, one intra-op thread each
+DOUBLED = 2  # the budget check: the cells a claim judges, their first seed again at twice the rounds (claims.py)
 
 
 @dataclass
@@ -41,6 +43,8 @@ class Plan:
     groups: dict[str, Group] = field(default_factory=dict)           # out dir name -> group
     cells: dict[CellKey, list[Job]] = field(default_factory=dict)    # cell -> its jobs (all variants and seeds)
     not_run: dict[CellKey, str] = field(default_factory=dict)        # cell -> why it is not run at this scale
+    doubled: dict[CellKey, list[Job]] = field(default_factory=dict)  # twin: a judged cell -> its first seed's jobs
+                                                                     # at DOUBLED times the rounds
 
     @property
     def jobs(self) -> list[Job]:
@@ -105,6 +109,7 @@ def build_plan(paper: Paper, tables: list[Table], scale: str, seeds: list[int], 
     are bad."""
     plan, cache = Plan(scale, seeds), {}
     extra = [*TWIN_EXTRA, *extra] if scale == "twin" else list(extra)
+    judged = judged_cells(paper, scale) if scale == "twin" and not baselines_only else set()
     for table in tables:
         for column in table.columns:
             refs = column.refs[scale]
@@ -132,12 +137,26 @@ def build_plan(paper: Paper, tables: list[Table], scale: str, seeds: list[int], 
                                          "and no select: to pick a variant per seed")
                 plan.cells[key] = [job for ref, i, point in found
                                    for job in _jobs(plan, ref, i, point, seeds, out, extra, cache)]
+                if key in judged:
+                    plan.doubled[key] = [job for ref, i, point in found
+                                         for job in _doubled(plan, key, ref, i, point, out, extra, cache)]
     for group in plan.groups.values():
         try:
             check_reuse(list(group.jobs.values()))
         except ConfigError as err:
             raise ReproduceError(str(err)) from None
     return plan
+
+
+def _doubled(plan: Plan, key: CellKey, ref: SweepRef, index: int, point: dict, out: Path, extra: list[str],
+             cache: dict) -> list[Job]:
+    """A point's run of the plan's first seed at DOUBLED times the rounds its own run trains (in a folder of its own:
+    the overrides' slug)."""
+    seed = plan.seeds[0]
+    own = next(j for j in plan.cells[key] if j.point_id == point_id(index, point) and j.seed == seed)
+    rounds = DOUBLED * own.config["trainer.rounds"]
+    longer = SweepRef(ref.sweep, ref.where, (*ref.overrides, f"trainer.rounds={rounds}"))
+    return _jobs(plan, longer, index, point, [seed], out, extra, cache)
 
 
 def _jobs(plan: Plan, ref: SweepRef, index: int, point: dict, seeds: list[int], out: Path, extra: list[str],

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from fl.reproduce.paper import ROOT
-from fl.reproduce.plan import Plan
+from fl.reproduce.plan import DOUBLED, Plan
 
 PACKAGES = ("torch", "lightning", "numpy", "omegaconf", "PyYAML", "torchvision", "torchmetrics", "cvxpy", "scipy")
 
@@ -91,13 +91,15 @@ def provenance() -> dict:
             "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"), "cpu": cpu_info()}
 
 
-def run_records(plan: Plan, runs: dict, results: dict, paper, timings: dict) -> list[dict]:
+def run_records(plan: Plan, runs: dict, results: dict, doubled: dict, timings: dict) -> list[dict]:
     """One entry per planned run (see the module docstring); `runs`: run dir -> fl.report Run of the finished ones;
+    `doubled`: the cells at twice the twin's budget (claims.py), their values named <table>/<column>/<row>@x2;
     `timings`: timings.json's runs."""
     selected: dict[str, dict] = {}
-    for key, cell in results.items():
-        for seed, source in cell.sources.items():
-            selected.setdefault(source, {})[f"{key.table}/{key.column}/{key.row}"] = cell.seeds[seed]
+    for suffix, cells in (("", results), (f"@x{DOUBLED}", doubled)):
+        for key, cell in cells.items():
+            for seed, source in cell.sources.items():
+                selected.setdefault(source, {})[f"{key.table}/{key.column}/{key.row}{suffix}"] = cell.seeds[seed]
     out = []
     for group in plan.groups.values():
         for job in group.jobs.values():
@@ -114,15 +116,20 @@ def run_records(plan: Plan, runs: dict, results: dict, paper, timings: dict) -> 
     return out
 
 
-def write_json(path: Path, report, results: dict, command: dict, records: list[dict]) -> None:
+def _cells(cells: dict) -> list[dict]:
+    return [{"table": k.table, "column": k.column, "row": k.row, "mean": c.mean, "std": c.std, "n": c.n,
+             "seeds": {str(s): v for s, v in c.seeds.items()}, "runs": c.chosen, "notes": c.notes}
+            for k, c in cells.items()]
+
+
+def write_json(path: Path, report, results: dict, doubled: dict, command: dict, records: list[dict]) -> None:
     doc = {"paper": report.paper.id, "scale": report.scale, "seeds": report.seeds, "command": command,
-           "provenance": provenance(),
-           "cells": [{"table": k.table, "column": k.column, "row": k.row, "mean": c.mean, "std": c.std, "n": c.n,
-                      "seeds": {str(s): v for s, v in c.seeds.items()}, "runs": c.chosen, "notes": c.notes}
-                     for k, c in results.items()],
-           "claims": [{"id": r.claim.id, "verdict": r.verdict, "printed": r.label, "held": r.held, "of": r.named,
-                       "note": r.note,
-                       "checks": [{"label": ch.label, "verdict": ch.verdict, "detail": ch.detail, "counted": ch.counts}
+           "provenance": provenance(), "cells": _cells(results), f"cells_x{DOUBLED}": _cells(doubled),
+           "claims": [{"id": r.claim.id, "verdict": r.verdict, "printed": r.label, "cause": r.cause, "held": r.held,
+                       "failed": r.failed, "of": r.named, "note": r.note,
+                       "checks": [{"label": ch.label, "verdict": ch.verdict, "detail": ch.detail, "exists": ch.counts,
+                                   "regime": ch.regime, "regime_why": ch.regime_why, "budget": ch.budget,
+                                   f"at_x{DOUBLED}": ch.doubled_detail, "cause": ch.cause}
                                   for ch in r.checks]}
                       for r in report.claims],
            "twin": report.setting, "left": report.left, "notes": report.notes, "runs": records}

@@ -1,5 +1,5 @@
-"""The reproduction as Markdown (also what the command prints, without the images) and as one self-contained HTML
-page with fl.report's plots embedded."""
+"""The reproduction as Markdown (also what the command prints; it links no file) and as one self-contained HTML page
+with fl.report's plots embedded."""
 from __future__ import annotations
 
 import html
@@ -8,13 +8,26 @@ from pathlib import Path
 from typing import Optional
 
 from fl.report.html import STYLE, image_tag
-from fl.reproduce.claims import FAILS, HOLDS, PARTIAL, UNRESOLVED, ClaimResult
+from fl.reproduce.claims import (
+    BUDGET,
+    CAUSE_WORDS,
+    FAILS,
+    HOLDS,
+    METHOD,
+    NOT_JUDGED,
+    OVERLAP,
+    PARTIAL,
+    REGIME,
+    UNRESOLVED,
+    Check,
+    ClaimResult,
+)
 from fl.reproduce.compare import ColumnView
 from fl.reproduce.paper import Paper
 
 STAT_WORDS = {"final": "its last evaluation", "last": "the mean over its last K evaluations",
               "best_val": "its round of best {select}"}
-ORDER = [FAILS, UNRESOLVED, PARTIAL, HOLDS, None]  # the order claims are listed in
+ORDER = [FAILS, UNRESOLVED, PARTIAL, NOT_JUDGED, HOLDS, None]  # the order claims are listed in
 
 
 @dataclass
@@ -62,10 +75,23 @@ def _table_md(view: ColumnView) -> list[str]:
     return lines + ["", view.rho_text] + ([""] + notes if notes else [])
 
 
+def check_line(check: Check) -> str:
+    """One check that ran, as the claim lists it: its verdict and numbers, and whether it is judged."""
+    head = f"{check.label}: " if check.label else ""
+    if check.cause == REGIME:
+        return f"{head}NOT JUDGED (regime: {check.regime_why}); as read: {check.verdict}: {check.detail}"
+    if check.cause == BUDGET:
+        return f"{head}NOT JUDGED (budget: {check.doubled_detail}); as read: {check.verdict}: {check.detail}"
+    twice = "; the same at twice the twin's budget" if check.budget == "stable" else ""
+    return f"{head}{check.verdict}: {check.detail}{twice}"
+
+
 def _claim_md(result: ClaimResult) -> list[str]:
     c = result.claim
     out = [f"- **{result.label}** `{c.id}`: {c.text} ({c.source})"]
-    out += [f"  - {ch.label + ': ' if ch.label else ''}{ch.verdict}: {ch.detail}" for ch in result.checks if ch.verdict]
+    if result.cause:
+        out.append(f"  - cause: {result.cause}: {CAUSE_WORDS[result.cause]}")
+    out += [f"  - {check_line(ch)}" for ch in result.checks if ch.verdict]
     out += [f"  - {line}" for line in _skipped(result)]
     if result.note:
         out.append(f"  - {'known, measured earlier: ' if c.twin_note and result.note == c.twin_note else ''}"
@@ -74,36 +100,41 @@ def _claim_md(result: ClaimResult) -> list[str]:
 
 
 def _skipped(result: ClaimResult) -> list[str]:
-    """The checks that did not run: those the claim's n counts (not run, e.g. outside the twin's budget), then those
-    with no cell at this scale (not counted)."""
+    """The checks that did not run, none of them counted in n: those with cells at this scale that were not run
+    (outside the twin's time budget), then those with no cell at this scale."""
     if not result.verdict:
         return []
     out = []
-    for counts, words in ((True, "not run (counted in n)"), (False, "no cell at this scale (not counted)")):
-        names = [ch.label or ch.detail for ch in result.checks if not ch.verdict and ch.counts == counts]
+    for exists, words in ((True, "not run at this scale (outside the twin's time budget; --every-cell runs it)"),
+                          (False, "paper scale only")):
+        names = [ch.label or ch.detail for ch in result.checks if not ch.verdict and ch.counts == exists]
         out += [f"{words}: {', '.join(names)}"] if names else []
     return out
 
 
-def markdown(report: Report, images: bool = True) -> str:
+RULES_TEXT = ("UNRESOLVED: the seed spreads (mean ± std) overlap, or a cell has one seed. NOT JUDGED: the twin is "
+              "outside the paper's regime there (its reference baselines far from the paper's), or the verdict changes "
+              "at twice the twin's training budget. k of n: of the n checks (columns or rows) that ran and are judged, "
+              "k hold (or fail). The rules are in fl/reproduce/claims.py.")
+
+
+def markdown(report: Report) -> str:
     p = report.paper
+    twin = report.scale == "twin"
     out = [f"# {p.title} ({p.id}): reproduction at --scale {report.scale}", "", *report.setting, "",
-           f"Paper: {p.source}. Seeds: {', '.join(map(str, report.seeds))}. Runs: fl.sweep's, under "
-           f"`runs/` beside this file. UNRESOLVED: the seed spreads (mean ± std) overlap, or a cell has one seed. "
-           f"HOLDS in k of n: held in k of the n columns (or rows) that exist at this scale and failed in none. The "
-           f"rules are in fl/reproduce/claims.py.", ""]
+           f"Paper: {p.source}. Seeds: {', '.join(map(str, report.seeds))}. Runs: fl.sweep's, in the runs/ folder "
+           f"the command writes beside reproduce.md (every run's values are in reproduce.json; fl.report's plots of "
+           f"each table are embedded in reproduce.html). {RULES_TEXT}", "", *summary_lines(report), ""]
     for table in p.tables:
         views = [v for v in report.views if v.table is table]
         if not views:
             continue
-        out += [f"## {table.id}: {table.caption}", "", f"{table.source}. {_how(views[0])}", ""]
+        data = " (on the generated twins of its data)" if twin else ""
+        out += [f"## {table.id}: {table.caption}{data}", "", f"{table.source}. {_how(views[0])}", ""]
         for view in views:
             label = view.column.label + ("" if view.column.paper_column == view.column.id
                                          else f" (compared with the paper's {view.column.paper_column})")
-            out += [f"### {label}", "", *_table_md(view), ""]
-        if images:
-            out += [f"![{name}](plots/{table.id}/{path.name})" for name, path in report.figures.get(table.id, [])]
-            out += [""] if report.figures.get(table.id) else []
+            out += [f"### {label}{', generated twin' if twin else ''}", "", *_table_md(view), ""]
     checked = [r for r in report.claims if r.verdict]
     unchecked = [r for r in report.claims if not r.verdict]
     out += ["## Claims", ""]
@@ -120,10 +151,13 @@ def markdown(report: Report, images: bool = True) -> str:
 
 
 def summary_lines(report: Report) -> list[str]:
-    counts = {v: sum(r.verdict == v for r in report.claims) for v in ORDER}
-    return [f"{report.paper.id} at --scale {report.scale}: {counts[HOLDS]} claims hold, {counts[PARTIAL]} hold in "
-            f"part (HOLDS in k of n), {counts[FAILS]} fail, {counts[UNRESOLVED]} unresolved, {counts[None]} not "
-            "checked at this scale"]
+    """The verdicts counted, with their causes: what the command prints last and the output carries first."""
+    def count(verdict, cause=None):
+        return sum(r.verdict == verdict and (cause is None or r.cause == cause) for r in report.claims)
+    return [f"{report.paper.id} at --scale {report.scale}: {count(HOLDS)} claims hold, {count(PARTIAL)} hold in part "
+            f"(HOLDS in k of n), {count(FAILS, METHOD)} fail (cause: method), {count(UNRESOLVED, OVERLAP)} unresolved "
+            f"(cause: overlap), {count(NOT_JUDGED, REGIME)} not judged (cause: regime), {count(NOT_JUDGED, BUDGET)} "
+            f"not judged (cause: budget), {count(None)} not checked at this scale"]
 
 
 # ---- HTML --------------------------------------------------------------------------------------------------
@@ -135,12 +169,11 @@ def html_page(report: Report) -> str:
     p = report.paper
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_esc(p.id)}: reproduction</title>",
            f"<style>{STYLE}\n.HOLDS{{color:#186a1e}}.FAILS{{color:#b00020}}.UNRESOLVED{{color:#8a6100}}"
-           ".PARTIAL{{color:#4a6a1e}}</style>",
+           ".PARTIAL{{color:#4a6a1e}}.NOT_JUDGED{{color:#555}}</style>",
            f"</head><body><h1>{_esc(p.title)} ({_esc(p.id)}): reproduction at --scale {report.scale}</h1>",
            *[f"<p>{_esc(line.removeprefix('- '))}</p>" for line in report.setting],
-           f"<p>Paper: {_esc(p.source)}. Seeds: {', '.join(map(str, report.seeds))}. UNRESOLVED: the seed spreads "
-           "(mean ± std) overlap, or a cell has one seed. HOLDS in k of n: held in k of the n columns (or rows) that "
-           "exist at this scale and failed in none (fl/reproduce/claims.py).</p>"]
+           f"<p>Paper: {_esc(p.source)}. Seeds: {', '.join(map(str, report.seeds))}. {_esc(RULES_TEXT)}</p>",
+           *[f"<p><b>{_esc(line)}</b></p>" for line in summary_lines(report)]]
     for table in p.tables:
         views = [v for v in report.views if v.table is table]
         if not views:
@@ -164,11 +197,12 @@ def html_page(report: Report) -> str:
                 for name, path in figures]
     out.append("<h2>Claims</h2><ul>")
     for r in sorted(report.claims, key=lambda r: ORDER.index(r.verdict)):
-        checks = "".join(f"<li>{_esc(ch.label + ': ' if ch.label else '')}<span class='{ch.verdict}'>"
-                         f"{ch.verdict}</span>: {_esc(ch.detail)}</li>" for ch in r.checks if ch.verdict)
+        checks = f"<li>cause: {_esc(r.cause)}: {_esc(CAUSE_WORDS[r.cause])}</li>" if r.cause else ""
+        checks += "".join(f"<li>{_esc(check_line(ch))}</li>" for ch in r.checks if ch.verdict)
         checks += "".join(f"<li>{_esc(line)}</li>" for line in _skipped(r))
         note = f"<li>{_esc(r.note)}</li>" if r.note else ""
-        out.append(f"<li><b class='{r.verdict}'>{_esc(r.label)}</b> <code>{_esc(r.claim.id)}</code>: "
+        style = (r.verdict or "").replace(" ", "_")
+        out.append(f"<li><b class='{style}'>{_esc(r.label)}</b> <code>{_esc(r.claim.id)}</code>: "
                    f"{_esc(r.claim.text)} ({_esc(r.claim.source)})<ul>{checks}{note}</ul></li>")
     out.append("</ul>")
     for title, items in ((f"Left out at --scale {report.scale}", report.left), ("Notes", report.notes)):

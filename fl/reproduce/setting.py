@@ -15,10 +15,10 @@ from fl.reproduce.claim_cells import paper_mean
 from fl.reproduce.compare import ColumnView
 from fl.reproduce.paper import Column, Paper, ReproduceError, Table
 from fl.reproduce.plan import Plan, cell_points
+from fl.reproduce.regime import outside
 from fl.sweep.runner import plan_points
 
 NOWHERE = Path("/nonexistent-fl-reproduce")  # plan_points names run folders; nothing is written there
-REGIME_POINTS = 10.0  # a reference baseline further than this from the paper (accuracy points): out of regime
 
 
 def describe(config: dict) -> str:
@@ -69,11 +69,10 @@ def _calibration(table: Table, column: Column, results: dict[CellKey, Cell], wor
             out.append(f"{table.id} {method}: paper {paper:.{d}f}, {word} not run")
             continue
         spread = f" ± {cell.std:.{d}f}" if cell.std is not None else ""
-        points = abs(cell.mean - paper) * 100.0 / table.factor  # an accuracy's gap in points
-        outside = (f", outside the paper's regime: {points:.1f} points from it"
-                   if table.unit in ("percent", "fraction") and points > REGIME_POINTS else "")
+        far = outside(table, paper, cell.mean)
+        far = f", outside the paper's regime: {far}" if far else ""
         out.append(f"{table.id} {method}: paper {paper:.{d}f}, {word} {cell.mean:.{d}f}{spread} "
-                   f"({cell.mean - paper:+.{d}f}{outside})")
+                   f"({cell.mean - paper:+.{d}f}{far})")
     return out
 
 

@@ -105,10 +105,10 @@ def test_a_claim_over_columns_fails_when_one_column_fails_and_skips_columns_not_
     k = lambda c, r: CellKey("t", c, r)  # noqa: E731
     results = {k("c1", "A"): cell(9, 10, 11), k("c1", "B"): cell(1, 2, 3),
                k("c2", "A"): cell(1, 2, 3), k("c2", "B"): cell(9, 10, 11)}
-    r = evaluate(p, p.claims[0], results, "twin")
+    r = evaluate(p, p.claims[0], results, "twin", results)
     assert r.verdict == FAILS and [c.verdict for c in r.checks] == [HOLDS, FAILS]
     only_c1 = {key: v for key, v in results.items() if key.column == "c1"}
-    r = evaluate(p, p.claims[0], only_c1, "twin")
+    r = evaluate(p, p.claims[0], only_c1, "twin", only_c1)
     assert r.verdict == HOLDS and r.checks[1].verdict is None and r.checks[1].detail == "t/c2/A, t/c2/B"
     assert evaluate(p, p.claims[0], {}, "twin").verdict is None
 
@@ -118,20 +118,20 @@ def test_a_spearman_claim_is_judged_from_its_columns_cells_and_skips_a_column_no
     p = paper_with(rule="spearman", table="t", columns=["c1", "c2"])
     k = lambda r: CellKey("t", "c1", r)  # noqa: E731
     agreeing = {k("A"): cell(9, 10), k("B"): cell(7, 8), k("C"): cell(5, 6), k("D"): cell(3, 4)}
-    r = evaluate(p, p.claims[0], agreeing, "twin")
+    r = evaluate(p, p.claims[0], agreeing, "twin", agreeing)
     assert r.verdict == HOLDS and r.checks[0].detail.startswith("rho = 1.00 over 4 rows")
     assert r.checks[1].verdict is None and r.checks[1].detail == "t/c2"
     reversed_ = {k("A"): cell(3, 4), k("B"): cell(5, 6), k("C"): cell(7, 8), k("D"): cell(9, 10)}
-    assert evaluate(p, p.claims[0], reversed_, "twin").verdict == FAILS
+    assert evaluate(p, p.claims[0], reversed_, "twin", reversed_).verdict == FAILS
     one_seed = {key: cell(c.mean) for key, c in agreeing.items()}
-    assert evaluate(p, p.claims[0], one_seed, "twin").verdict == UNRESOLVED
+    assert evaluate(p, p.claims[0], one_seed, "twin", one_seed).verdict == UNRESOLVED
 
 
 def test_a_twin_note_is_shown_beside_a_twin_verdict_that_does_not_hold_and_scales_are_respected():
     p = paper_with(rule="better", table="t", a="A", b="B", column="c1", twin_note="measured: the twin is mild")
     k = lambda r: CellKey("t", "c1", r)  # noqa: E731
     failing = {k("A"): cell(1, 2, 3), k("B"): cell(9, 10, 11)}
-    assert evaluate(p, p.claims[0], failing, "twin").note == "measured: the twin is mild"
+    assert evaluate(p, p.claims[0], failing, "twin", failing).note == "measured: the twin is mild"
     assert evaluate(p, p.claims[0], failing, "paper").note == ""
     q = paper_with(rule="within", table="t", row="A", column="c1", tolerance=1.0, scales=["paper"])
     r = evaluate(q, q.claims[0], {k("A"): cell(89, 90, 91)}, "twin")

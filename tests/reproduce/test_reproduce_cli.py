@@ -111,16 +111,21 @@ def test_dry_run_at_paper_scale_projects_from_the_paper_scale_rehearsal(capsys, 
     assert "projected 23 min (150 rounds) on the 2-core CPU each" in out  # fedpals_cifar10_c2's row in bench/README.md
 
 
-def fake_finished_runs(tmp_path, paper_file: str, values: dict[str, list[float]], out: str = "o") -> None:
+def fake_finished_runs(tmp_path, paper_file: str, values: dict[str, list[float]], out: str = "o",
+                       doubled: dict[str, float] | None = None) -> None:
     """Each run of the plan as a finished run directory (config.yaml as fl.train writes it, summary.json), with
-    test/acc_mean_clients = values[arm][seed]."""
+    test/acc_mean_clients = values[arm][seed]; the runs at twice the rounds (seed 0), doubled[arm] (default: as at
+    the twin's budget)."""
     from fl.reproduce.cli import make_plan, parse_args
     plan = make_plan(load_paper(paper_file), parse_args([paper_file, "--seeds", "3", "--out", str(tmp_path / out)]))
+    longer = {id(j) for jobs in plan.doubled.values() for j in jobs}
     for job in plan.jobs:
         job.run_dir.mkdir(parents=True)
         OmegaConf.save(load_config(job.sweep.point_argv(job.point) + [f"seed={job.seed}", *job.extra]),
                        job.run_dir / "config.yaml")
         value = values[job.point["arm"]][job.seed]
+        if id(job) in longer and doubled is not None:
+            value = doubled[job.point["arm"]]
         (job.run_dir / "summary.json").write_text(json.dumps({
             "final": {"test/acc_mean_clients": value}, "best": {}, "last_k": 1,
             "mean_last_1": {"test/acc_mean_clients": value}, "method": job.point["arm"],
@@ -132,13 +137,15 @@ def test_side_by_side_table_and_verdicts_from_a_tiny_sweeps_runs(tmp_path, capsy
     fake_finished_runs(tmp_path, paper, {"fedavg": [0.50, 0.52, 0.54], "fedprox": [0.60, 0.61, 0.62]})
     assert main([paper, "--seeds", "3", "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
-    assert "reusing 6 of 6 runs" in out
+    assert "reusing 8 of 8 runs" in out  # 2 arms x 3 seeds, and each arm's seed 0 at twice the rounds
     assert "| FedAvg | 60.0 ± 1.0 | 2 | 52.0 ± 2.0 (n=3) | 2 |" in out
     assert "| FedProx | 70.0 ± 2.0 | 1 | 61.0 ± 1.0 (n=3) | 1 |" in out
     assert "**HOLDS** `prox_above`" in out and "**HOLDS** `prox_first`" in out
     assert "`near`: FedProx near the paper (checked at --scale paper only)" in out
-    assert ("tiny at --scale twin: 2 claims hold, 0 hold in part (HOLDS in k of n), 0 fail, 0 unresolved, 1 not "
-            "checked at this scale") in out
+    summary = ("tiny at --scale twin: 2 claims hold, 0 hold in part (HOLDS in k of n), 0 fail (cause: method), 0 "
+               "unresolved (cause: overlap), 0 not judged (cause: regime), 0 not judged (cause: budget), 1 not checked "
+               "at this scale")
+    assert out.count(summary) == 2  # first in the output, last in what the command prints
     written = tmp_path / "o" / "tiny" / "twin"
     cells = json.loads((written / "reproduce.json").read_text())["cells"]
     assert {(c["row"], round(c["mean"], 6), c["n"]) for c in cells} == {("FedAvg", 52.0, 3), ("FedProx", 61.0, 3)}
@@ -179,7 +186,11 @@ def test_reproduce_json_records_every_run_with_its_overrides_metrics_commit_and_
     assert prov["commit"] is None or len(prov["commit"]) == 40
     assert isinstance(prov["dirty"], (bool, type(None))) and prov["versions"]["torch"] and prov["versions"]["numpy"]
     runs = {r["run"]: r for r in doc["runs"]}
-    assert len(runs) == 6 and all(r["run"].startswith("tiny_compare/p00") for r in runs.values())
+    assert len(runs) == 8 and all(r["run"].startswith("tiny_compare") for r in runs.values())
+    rounds = load_config(["conf=quickstart"]).trainer.rounds
+    longer = [r for r in runs.values() if f"trainer.rounds={2 * rounds}" in r["overrides"]]  # the budget check
+    assert {(r["point"]["arm"], r["seed"]) for r in longer} == {("fedavg", 0), ("fedprox", 0)}
+    assert next(r for r in longer if r["point"] == {"arm": "fedprox"})["selected"] == {"t1/quick/FedProx@x2": 60.0}
     fedprox_s1 = next(r for r in runs.values() if r["point"] == {"arm": "fedprox"} and r["seed"] == 1)
     assert fedprox_s1["overrides"] == ["conf=quickstart", "method.name=fedprox", "method.mu=0.1", "seed=1",
                                        "fabric.cpu_threads=1"]
@@ -246,12 +257,13 @@ def test_a_tiny_reproduction_end_to_end_runs_reuses_its_runs_and_checks_its_reco
     res = run_cli(args, cwd=tmp_path, script=("-m", "fl.reproduce"))
     assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-2000:]
     assert "| FedAvg | 60.0 ± 1.0 | 2 |" in res.stdout
-    assert "**UNRESOLVED** `prox_above`" in res.stdout and "1 seed: no spread to compare" in res.stdout
+    # the tiny twin's FedAvg is far from the paper's 60: outside its regime, the claims are read, not judged
+    assert "**NOT JUDGED (regime)** `prox_above`" in res.stdout and "1 seed: no spread to compare" in res.stdout
     runs = sorted((tmp_path / "o" / "tiny" / "twin" / "runs" / "tiny_compare").glob("*/summary.json"))
     assert len(runs) == 2
     assert main(args) == 0
     again = capsys.readouterr().out
-    assert "reusing 2 of 2 runs" in again
+    assert "reusing 4 of 4 runs" in again  # 2 arms, and each at twice the rounds
     assert res.stdout.split("## Claims")[1] == again.split("## Claims")[1]
 
     record = tmp_path / "o" / "tiny" / "twin" / "reproduce.json"
@@ -296,7 +308,7 @@ def test_two_invocations_into_one_out_run_every_run_once(tmp_path):
     runs = tmp_path / "o" / "tiny" / "twin" / "runs" / "tiny_compare"
     assert sorted(d.name.rsplit("-", 1)[1] for d in runs.iterdir() if d.name != "logs") == ["s0", "s0", "s1", "s1"]
     trained = [line for out, _ in outs for line in out.splitlines() if line.startswith("[") and " done " in line]
-    assert len(trained) == 4, outs  # 2 arms x 2 seeds, each trained by one of the two
+    assert len(trained) == 6, outs  # 2 arms x 2 seeds and each arm's seed 0 at twice the rounds, each trained once
     claims = [out.split("## Claims")[1].split("wrote ")[0] for out, _ in outs]
     assert claims[0] == claims[1]
 

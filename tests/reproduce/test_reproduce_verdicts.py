@@ -1,6 +1,9 @@
 """Every claim of the five papers judged on hand-made results (fl/reproduce/claims.py): it HOLDS where its cells say
-so in every column (or row) it names, FAILS where one says otherwise, is `HOLDS in k of n` (partial) where a column it
-names was not run, UNRESOLVED where the seed spreads overlap, and a paper's tie is judged as a tie."""
+so in every column (or row) it names, FAILS where one says otherwise, UNRESOLVED where the seed spreads overlap, a
+column it names that was not run is not counted in its n, and a paper's tie is judged as a tie. (The regime and the
+budget check are tests/reproduce/test_reproduce_causes.py's: here every column is in regime, and the same at twice
+the budget.)"""
+import copy
 from pathlib import Path
 
 import pytest
@@ -8,8 +11,8 @@ import pytest
 from fl.report.runs import Run
 from fl.reproduce.cells import Cell, CellKey, make_cell
 from fl.reproduce.claim_cells import cells_of, instances, paper_mean, stated_ties
-from fl.reproduce.claims import FAILS, HOLDS, PARTIAL, UNRESOLVED, evaluate, exists_at
-from fl.reproduce.render import Report, summary_lines
+from fl.reproduce.claims import FAILS, HOLDS, METHOD, OVERLAP, PARTIAL, UNRESOLVED, evaluate, exists_at
+from fl.reproduce.render import Report, _claim_md, summary_lines
 from fl.reproduce.spec import available_papers, load_paper, parse_paper
 
 
@@ -62,28 +65,36 @@ def made(paper, claim, scale, outcome: str) -> dict:
     return results
 
 
+def judge(paper, claim, results, scale):
+    """The claim's verdict with every run the same at twice the twin's budget."""
+    return evaluate(paper, claim, results, scale, doubled=results)
+
+
 @pytest.mark.parametrize("name, claim_id, scale", list(claim_cases()))
 def test_every_claim_holds_fails_is_partial_and_unresolved_on_hand_made_results(name, claim_id, scale):
-    paper = load_paper(name)
+    paper = copy.deepcopy(load_paper(name))
+    for table in paper.tables:  # made() sets the cells' values, not the reference baselines' calibration
+        table.baselines = []
     claim = next(c for c in paper.claims if c.id == claim_id)
     checks = list(zip(instances(claim), cells_of(claim)))
     runnable = [i for i, (_, keys) in enumerate(checks) if all(
         exists_at(paper, k, scale) for k in (keys if claim.rule in ("better", "within") else keys[:1]))]
     if not runnable:
-        assert evaluate(paper, claim, made(paper, claim, scale, HOLDS), scale).verdict is None
+        assert judge(paper, claim, made(paper, claim, scale, HOLDS), scale).verdict is None
         return
     for outcome in (HOLDS, FAILS, UNRESOLVED):
-        result = evaluate(paper, claim, made(paper, claim, scale, outcome), scale)
+        result = judge(paper, claim, made(paper, claim, scale, outcome), scale)
         assert result.verdict == outcome, (outcome, [(c.label, c.verdict, c.detail) for c in result.checks])
-    if len(runnable) > 1:  # one column (or row) it names not run: HOLDS in n - 1 of n
+        assert result.cause == {HOLDS: None, FAILS: METHOD, UNRESOLVED: OVERLAP}[outcome]
+    if len(runnable) > 1:  # one column (or row) it names not run: not counted, HOLDS in n - 1 of n - 1
         results = made(paper, claim, scale, HOLDS)
         (_, _), keys = checks[runnable[0]]
         whole_column = claim.rule in ("rank", "spearman")  # they read every row of it
         results = {k: v for k, v in results.items() if not (
             k.table == keys[0].table and k.column == keys[0].column and (whole_column or k in keys))}
-        result = evaluate(paper, claim, results, scale)
+        result = judge(paper, claim, results, scale)
         n = len(runnable)
-        assert result.verdict == PARTIAL and result.label == f"HOLDS in {n - 1} of {n}", result.label
+        assert result.verdict == HOLDS and result.label == f"HOLDS in {n - 1} of {n - 1}", result.label
 
 
 def paper_doc(**claim) -> dict:
@@ -102,22 +113,26 @@ def k(column, row):
     return CellKey("t", column, row)
 
 
-def test_n_counts_the_columns_that_exist_at_this_scale_run_or_not():
+def test_n_counts_the_judged_checks_that_ran():
     p = parse_paper(paper_doc(rule="better", table="t", a="A", b="B", columns=["c1", "c2", "c3"]), Path("p.yaml"))
     apart = {k(c, r): cell(v, v + 0.1) for c in ("c1", "c2") for r, v in (("A", 9), ("B", 1))}
-    result = evaluate(p, p.claims[0], apart, "twin")
-    assert result.verdict == HOLDS and result.named == 2  # c3 has no twin: named, not counted
+    result = judge(p, p.claims[0], apart, "twin")
+    assert result.verdict == HOLDS and result.named == 2 and result.label == "HOLDS in 2 of 2"
+    assert "paper scale only: c3" in _claim_md(result)[-1]  # c3 has no twin: named, not counted
     only_c1 = {key: c for key, c in apart.items() if key.column == "c1"}
-    result = evaluate(p, p.claims[0], only_c1, "twin")  # c2 exists at twin scale but was not run (say, the budget)
-    assert result.verdict == PARTIAL and result.label == "HOLDS in 1 of 2"
+    result = judge(p, p.claims[0], only_c1, "twin")  # c2 exists at twin scale but was not run (say, the budget)
+    assert result.verdict == HOLDS and result.label == "HOLDS in 1 of 1"
+    assert "  - not run at this scale (outside the twin's time budget; --every-cell runs it): c2" in _claim_md(result)
     overlapping = {**only_c1, k("c2", "A"): cell(1, 9), k("c2", "B"): cell(2, 8)}
-    assert evaluate(p, p.claims[0], overlapping, "twin").label == "HOLDS in 1 of 2"  # one holds, one unresolved
+    result = judge(p, p.claims[0], overlapping, "twin")
+    assert (result.verdict, result.label, result.cause) == (PARTIAL, "HOLDS in 1 of 2", OVERLAP)
     failing = {**only_c1, k("c2", "A"): cell(1, 1.1), k("c2", "B"): cell(9, 9.1)}
-    assert evaluate(p, p.claims[0], failing, "twin").verdict == FAILS
+    result = judge(p, p.claims[0], failing, "twin")
+    assert (result.verdict, result.label, result.cause) == (FAILS, "FAILS in 1 of 2", METHOD)
     unresolved = {k("c1", "A"): cell(1, 9), k("c1", "B"): cell(2, 8)}
-    assert evaluate(p, p.claims[0], unresolved, "twin").verdict == UNRESOLVED
-    report = Report(p, "twin", [0, 1], [], [evaluate(p, p.claims[0], only_c1, "twin")], [])
-    assert "0 claims hold, 1 hold in part (HOLDS in k of n), 0 fail" in summary_lines(report)[0]
+    assert judge(p, p.claims[0], unresolved, "twin").verdict == UNRESOLVED
+    report = Report(p, "twin", [0, 1], [], [judge(p, p.claims[0], overlapping, "twin")], [])
+    assert "0 claims hold, 1 hold in part (HOLDS in k of n), 0 fail (cause: method)" in summary_lines(report)[0]
 
 
 def test_a_paper_tie_is_judged_as_a_tie():
