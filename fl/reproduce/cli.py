@@ -41,7 +41,7 @@ from fl.reproduce.claim_cells import cells_of
 from fl.reproduce.claims import evaluate
 from fl.reproduce.compare import column_view
 from fl.reproduce.paper import ROOT, SCALES, Paper, ReproduceError
-from fl.reproduce.plan import Plan, build_plan
+from fl.reproduce.plan import DOUBLED, Plan, build_plan
 from fl.reproduce.record import run_records, write_json, write_timings
 from fl.reproduce.render import Report, html_page, markdown, summary_lines
 from fl.reproduce.setting import setting_lines
@@ -128,6 +128,11 @@ def projection(plan: Plan, group, job, measured: dict, projections: dict) -> tup
     """A run's projected seconds and where the figure comes from (fl/reproduce/timing.py)."""
     if plan.scale == "twin":
         seconds = measured.get(f"{group.key}/{job.point_id}")
+        if seconds is None and group.longer_than:  # the budget check: twice the rounds of a measured run
+            base = measured.get(f"{group.longer_than}/{job.point_id}")
+            seconds = None if base is None else DOUBLED * base
+            return seconds, (f"{duration(seconds)} each (projected: {DOUBLED}x its measured run at the twin's "
+                             "budget)" if seconds is not None else "not measured")
         return seconds, (f"{duration(seconds)} each (measured CPU time)" if seconds is not None
                          else "not measured")
     conf = next((a.split("=", 1)[1] for a in reversed(group.sweep.point_argv(job.point) + group.extra)

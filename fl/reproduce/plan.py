@@ -10,6 +10,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from fl.config import ARM, ConfigError
 from fl.reproduce.cells import CellKey
@@ -30,6 +31,7 @@ class Group:
     out: Path
     extra: list[str]
     jobs: dict[str, Job] = field(default_factory=dict)   # run dir name -> job
+    longer_than: Optional[str] = None  # the budget check's group: the key of the group whose rounds it doubles
 
     @property
     def key(self) -> str:
@@ -156,7 +158,9 @@ def _doubled(plan: Plan, key: CellKey, ref: SweepRef, index: int, point: dict, o
     own = next(j for j in plan.cells[key] if j.point_id == point_id(index, point) and j.seed == seed)
     rounds = DOUBLED * own.config["trainer.rounds"]
     longer = SweepRef(ref.sweep, ref.where, (*ref.overrides, f"trainer.rounds={rounds}"))
-    return _jobs(plan, longer, index, point, [seed], out, extra, cache)
+    jobs = _jobs(plan, longer, index, point, [seed], out, extra, cache)
+    plan.groups[jobs[0].run_dir.parent.name].longer_than = own.run_dir.parent.name
+    return jobs
 
 
 def _jobs(plan: Plan, ref: SweepRef, index: int, point: dict, seeds: list[int], out: Path, extra: list[str],

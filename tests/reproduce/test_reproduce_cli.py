@@ -98,7 +98,9 @@ def test_twin_dry_run_projects_measured_cpu_times_and_counts_unmeasured_runs_apa
     out = capsys.readouterr().out
     runs = len(plan.jobs)
     assert f"{measured}-s{{0,1,2}}: 3 to run; 80 s each (measured CPU time)" in out
-    assert (f"{runs} runs to go: 3 with a figure, 4 min of run time, about 2 min at --parallel 2; {runs - 3} more "
+    # its seed 0 at twice the rounds (the budget check): twice its measured time
+    assert f"{measured}-s{{0}}: 1 to run; 3 min each (projected: 2x its measured run at the twin's budget)" in out
+    assert (f"{runs} runs to go: 4 with a figure, 7 min of run time, about 3 min at --parallel 2; {runs - 4} more "
             "without one (not counted); per-run times by hand") in out
     monkeypatch.setattr(timing, "TWIN_SECONDS", tmp_path / "none.json")
     assert main([*argv, "--dry-run"]) == 0
