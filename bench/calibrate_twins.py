@@ -1,6 +1,7 @@
 """Are the twins in their papers' regime? Each seed paper's reference baselines (the `baselines:` rows of its tables in
 fl/reproduce/papers: FedAvg and Local where a table has them, else the paper's own baseline) run on the twin and set
-beside the paper's values; a cell is in the regime when the twin's mean is within 10 accuracy points of the paper's.
+beside the paper's values; a cell is in the regime by fl/reproduce/regime.py's rule (within 10 accuracy points of the
+paper's value; a raw quantity such as a KL within a factor 2 of it).
 The knob the twins are calibrated with is the generated data's pixel noise (data.embedded.noise), set with a
 one-line note in each twin config; the figures are in bench/README.md ("Twin calibration").
 
@@ -20,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fl.reproduce.claim_cells import paper_mean  # noqa: E402
-from fl.reproduce.setting import REGIME_POINTS  # noqa: E402
+from fl.reproduce.regime import REGIME_POINTS, REGIME_RATIO, outside  # noqa: E402
 from fl.reproduce.spec import available_papers, load_paper  # noqa: E402
 
-REGIME = {True: "yes", False: "NO", None: "not an accuracy"}
+REGIME = {True: "yes", False: "NO"}
 
 
 def calibration_rows(paper_id: str, record: dict) -> list[dict]:
@@ -35,12 +36,10 @@ def calibration_rows(paper_id: str, record: dict) -> list[dict]:
         theirs = paper_mean(table, cell["column"], cell["row"])
         if theirs is None or not cell["n"]:
             continue
-        gap = cell["mean"] - theirs
-        accuracy = table.unit in ("percent", "fraction")  # a raw quantity (a KL, adaptability) is shown, not judged
-        points = abs(gap) * 100.0 / table.factor  # the table's units to accuracy points
         rows.append({"paper": paper_id, "table": cell["table"], "column": cell["column"], "row": cell["row"],
                      "paper_value": theirs, "twin": cell["mean"], "std": cell["std"], "n": cell["n"],
-                     "seeds": cell["seeds"], "gap": gap, "in_regime": points <= REGIME_POINTS if accuracy else None})
+                     "seeds": cell["seeds"], "gap": cell["mean"] - theirs,
+                     "in_regime": not outside(table, theirs, cell["mean"])})
     return rows
 
 
@@ -68,10 +67,9 @@ def main() -> int:
         spread = f" ± {r['std']:.1f}" if r["std"] is not None else ""
         print(f"| {r['paper']} | {r['table']} | {r['column']} | {r['row']} | {r['paper_value']:.2f} | "
               f"{r['twin']:.2f}{spread} | {r['gap']:+.2f} | {REGIME[r['in_regime']]} |")
-    judged = [r for r in rows if r["in_regime"] is not None]
-    inside = sum(r["in_regime"] for r in judged)
-    print(f"\n{inside} of {len(judged)} reference-baseline accuracy cells within {REGIME_POINTS:g} points of the paper "
-          f"({len(rows) - len(judged)} cells of other quantities shown, not judged)")
+    inside = sum(r["in_regime"] for r in rows)
+    print(f"\n{inside} of {len(rows)} reference-baseline cells in the paper's regime (an accuracy within "
+          f"{REGIME_POINTS:g} points of the paper's, a raw quantity within a factor {REGIME_RATIO:g})")
     (ROOT / args.out / "calibration.json").write_text(json.dumps(rows, indent=2))
     return 0
 

@@ -245,8 +245,8 @@ def test_a_fedprox_krum_round_keeps_the_upload_krum_chooses(out, monkeypatch):
 
 
 def test_every_method_whose_server_takes_the_mean_accepts_every_aggregator():
-    """The methods the README names as composing with any aggregator do, from the registry's refusals; the others
-    refuse in one line."""
+    """The methods docs/aggregators.md names as composing with any aggregator do, from the registry's refusals; the
+    others refuse in one line."""
     registry.load_plugins()
     composes = sorted(m for m, spec in registry.METHODS.items() if spec.client_cls.__module__.startswith("fl.")
                       and spec.server_cls.own_aggregation(registry.METHODS[m].config_cls()) is None)

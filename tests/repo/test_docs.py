@@ -81,12 +81,12 @@ def test_every_docs_page_is_linked_from_the_index_or_the_readme():
     assert [str(p.relative_to(ROOT)) for p in DOCS[1:] if p.name != "index.md" and p.resolve() not in linked] == []
 
 
-# What a method contributed to this repository needs beside its file (README, "What a contribution needs beyond the
-# file"): said by every failure of the two tests below.
+# What a method contributed to this repository needs beside its file (docs/adding-a-method.md, "What a contribution
+# needs beyond the file"): said by every failure of the two tests below.
 CONTRIBUTION = ("a method contributed to fl needs, besides its file, a row in docs/index.md's Methods table "
                 "(| `NAME` | Name | [methods/NAME.md](methods/NAME.md) |) and a page docs/methods/NAME.md naming "
                 f"`NAME`, with one # title and exactly the sections {', '.join('## ' + t for t in METHOD_SECTIONS)} "
-                "in this order (README, 'What a contribution needs beyond the file')")
+                "in this order (docs/adding-a-method.md, 'What a contribution needs beyond the file')")
 
 
 def test_every_registered_method_has_a_page_linked_from_the_index_that_names_it():
