@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 import fl.methods.fedacd as fedacd
+from fl.core import registry
 from fl.run.train import main as train
 from fl.sweep.warm_worker import isolated
 
@@ -66,6 +67,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="key=value for every run")
     args = parser.parse_args()
     out = Path(args.out)
+    registry.load_plugins()  # before the first run: each run restores the registry it found (warm_worker.isolated)
     print("| reading | KL(P‖Q) | absent mass | balanced accuracy |\n|---|---|---|---|")
     for i, (label, (extra, l1)) in enumerate(READINGS.items()):
         r = run(out, f"r{i}-s{args.seed}", [*extra, f"seed={args.seed}", *args.overrides], l1)

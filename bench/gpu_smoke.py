@@ -389,7 +389,8 @@ def synthetic_twins() -> dict[str, tuple[str, list[str]]]:
                 e.num_domains if cfg.data.name == "embedded_domains" else 1)
             sizes[cfg.method.name] = min(sizes.get(cfg.method.name, (pool, conf)), (pool, conf))
     return {"fedavg": ("quickstart", []), **{m: (conf, []) for m, (_, conf) in sizes.items() if m != "fedavg"},
-            "fedct": (sizes["fedmosaic"][1], ["method.name=fedct"])}  # FedMosaic's baseline needs its public set
+            "fedct": (sizes["fedmosaic"][1], ["method.name=fedct"]),  # FedMosaic's baseline needs its public set
+            "fedavg_mixup": (sizes["fedacd"][1], ["method.name=fedavg_mixup"])}  # FedACD's Table 5 baseline
 
 
 def read_final(run_dir: Path, key: str) -> float | None:

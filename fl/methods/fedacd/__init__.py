@@ -31,15 +31,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fl.config import MethodConfig, param
-from fl.core import ClientModule, Server, Upload, derive_seed, generator, register_method
+from fl.core import ClientModule, Server, Upload, register_method
 from fl.core.metric_directions import LOWER, NEITHER
 from fl.methods.fedacd.losses import accumulate, adjustment_matrix, l1_flatten, l2_adjusted_ce, rows_from, score_v
+from fl.methods.mixup import InputMixup
 from fl.metrics.adaptability import KL_REDUCTIONS, kl_pq, local_probability_matrix
 
 
@@ -116,16 +116,10 @@ class FedACDClient(ClientModule):
         self._sums = self.P * self.counts[:, None] if hp.p_update == "running" else torch.zeros_like(self.P)
         self._weights = self.counts.clone() if hp.p_update == "running" else torch.zeros_like(self.counts)
         self.A = adjustment_matrix(self.P, self.present, hp.missing_delta, hp.p_eps)
-        seed = int(self.cfg.seed)
-        self._mix_rng = np.random.default_rng(derive_seed(seed, self.round, self.cid, "fedacd/mixup"))
-        self._perm_gen = generator(seed, self.round, self.cid, "fedacd/mixup-perm")
+        self._mixup = InputMixup(hp.alpha, int(self.cfg.seed), self.round, self.cid, "fedacd/mixup")
 
     def _mix(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, float]:
-        if not self.hp.mixup:
-            return x, y, 1.0
-        mu = float(self._mix_rng.beta(self.hp.alpha, self.hp.alpha))
-        perm = torch.randperm(len(y), generator=self._perm_gen).to(y.device)
-        return mu * x + (1.0 - mu) * x[perm], y[perm], mu
+        return self._mixup(x, y) if self.hp.mixup else (x, y, 1.0)
 
     def training_step(self, batch, batch_idx):
         hp = self.hp
