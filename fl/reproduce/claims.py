@@ -110,13 +110,13 @@ class ClaimResult:
     @property
     def label(self) -> str:
         """The verdict as printed, with k of n where the claim has several checks: `HOLDS in 2 of 3`, `FAILS in 1 of
-        3` (PARTIAL is `HOLDS in k of n` with k < n), `NOT JUDGED (regime)`."""
+        3` (PARTIAL is `HOLDS in k of n` with k < n), UNRESOLVED, `NOT JUDGED (regime)`."""
         if self.verdict is None:
             return "NOT CHECKED"
         if self.verdict == NOT_JUDGED:
             return f"NOT JUDGED ({self.cause})"
         word = HOLDS if self.verdict == PARTIAL else self.verdict
-        if len(self.checks) == 1:
+        if len(self.checks) == 1 or word == UNRESOLVED:
             return word
         return f"{word} in {self.failed if word == FAILS else self.held} of {self.named}"
 

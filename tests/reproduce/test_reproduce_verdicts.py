@@ -130,7 +130,8 @@ def test_n_counts_the_judged_checks_that_ran():
     result = judge(p, p.claims[0], failing, "twin")
     assert (result.verdict, result.label, result.cause) == (FAILS, "FAILS in 1 of 2", METHOD)
     unresolved = {k("c1", "A"): cell(1, 9), k("c1", "B"): cell(2, 8)}
-    assert judge(p, p.claims[0], unresolved, "twin").verdict == UNRESOLVED
+    result = judge(p, p.claims[0], unresolved, "twin")
+    assert (result.verdict, result.label) == (UNRESOLVED, UNRESOLVED)  # no k of n: nothing held or failed
     report = Report(p, "twin", [0, 1], [], [judge(p, p.claims[0], overlapping, "twin")], [])
     assert "0 claims hold, 1 hold in part (HOLDS in k of n), 0 fail (cause: method)" in summary_lines(report)[0]
 
