@@ -255,14 +255,15 @@ def _judge(claim: Claim, table: Table, keys: list[CellKey], p: dict, results: di
 
 
 def _budget(claim, table, keys, p, results, doubled) -> tuple[Optional[str], str]:
-    """The check at twice the twin's budget: its verdict there (None: a doubled run is missing) and its words."""
+    """The check at twice the twin's budget: its verdict there (None: a doubled run is missing) and its words, led by
+    that verdict."""
     read = [k for k in read_by(claim, table, keys) if k in results and results[k].n]
     moved = {k: at_double(results[k], doubled.get(k)) for k in read}
     if any(c is None for c in moved.values()):
         missing = [k.row for k, c in moved.items() if c is None]
         return None, f"not run at twice the twin's budget: {', '.join(missing)}"
     verdict, text = _judge(claim, table, keys, p, {**results, **moved})
-    return verdict, text
+    return verdict, f"{verdict} at twice the budget: {text}"
 
 
 def evaluate(paper: Paper, claim: Claim, results: dict[CellKey, Cell], scale: str,
@@ -295,8 +296,6 @@ def evaluate(paper: Paper, claim: Claim, results: dict[CellKey, Cell], scale: st
         if scale == "twin":
             at_twice, check.doubled_detail = _budget(claim, table, keys, p, results, doubled or {})
             check.budget = "missing" if at_twice is None else "stable" if at_twice == verdict else "limited"
-            if at_twice is not None:
-                check.doubled_detail = f"{at_twice} at twice the budget: {check.doubled_detail}"
         checks.append(check)
     return judge_claim(claim, checks, scale)
 
