@@ -19,7 +19,9 @@ Parts (all by default):
   compared bitwise), once without it (its time is the flag's cost), and with 1 against 2 devices (`fabric.strategy=ddp`,
   two processes: on a CPU, gloo).
 - compile: the quickstart with `trainer.parallel_clients=8 trainer.compile=true`: graphs compiled (1 = no recompile)
-  and graph breaks (target 1 and 0), against the same run uncompiled.
+  and graph breaks (target 1 and 0), against the same run uncompiled. The dry run on a CPU compiles with Dynamo's
+  eager backend (the same graphs and breaks; inductor's CPU kernels are tests/core/test_parallel_clients.py's, and
+  building them costs a fresh machine tens of seconds of C++).
 - throughput: client-updates per second of FedAvg's local training, sequential vs K at once vs a PFLlib-style loop
   (bench/client_throughput.py's loops).
 
@@ -62,9 +64,9 @@ PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 SYNC_METHODS = ("fedavg", "feddrm", "fedpals", "pfedfda", "fedacd")
 # How much each part runs: "cuda" at the twins' sizes (few local steps), "cpu" tiny (a dry run of the checks)
 SCALE = {
-    "cuda": SimpleNamespace(local_steps=5, rounds=2, quick=["trainer.rounds=3"],
+    "cuda": SimpleNamespace(local_steps=5, rounds=2, quick=["trainer.rounds=3"], backend="inductor",
                             throughput={"clients": 64, "samples": 100, "batch": 50, "ks": [8, 32], "rounds": 3}),
-    "cpu": SimpleNamespace(local_steps=2, rounds=2,
+    "cpu": SimpleNamespace(local_steps=2, rounds=2, backend="eager",
                            quick=["trainer.rounds=2", "data.num_clients=8", "data.embedded.samples_per_class=40",
                                   "model.width=4", "fabric.cpu_threads=1"],
                            throughput={"clients": 8, "samples": 24, "batch": 8, "ks": [4], "rounds": 1}),
@@ -280,15 +282,18 @@ class Smoke:
         torch.compiler.reset()
         counters.clear()
         with self.peak() as peak_c:
-            rc, last, secs, compiled = self.run(args + ["trainer.compile=true"], self.name("k8-compiled"))
+            rc, last, secs, compiled = self.run(args + ["trainer.compile=true",
+                                                        f"trainer.compile_backend={self.scale.backend}"],
+                                                self.name("k8-compiled"))
+        case = f"quickstart, parallel_clients=8 compile=true ({self.scale.backend})"
         if rc or rc_e:
-            self.add("compile", "quickstart, parallel_clients=8 compile=true", f"FAILED (exit {rc}/{rc_e}: "
+            self.add("compile", case, f"FAILED (exit {rc}/{rc_e}: "
                      f"{last or last_e})", "1 graph, 0 breaks", False, peak_c[0])
             return
         graphs = counters["stats"]["unique_graphs"]
         breaks = sum(counters["graph_break"].values())
         same, detail = same_run(eager, compiled, atol=1e-4)
-        self.add("compile", "quickstart, parallel_clients=8 compile=true",
+        self.add("compile", case,
                  f"{graphs} graph(s) ({max(graphs - 1, 0)} recompiles), {breaks} graph breaks; {secs:.0f} s against "
                  f"{secs_e:.0f} s uncompiled (compilation included); metrics "
                  f"{'within 1e-4 of' if same else 'differ from'} uncompiled{'' if same else ': ' + detail}",

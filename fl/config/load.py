@@ -388,12 +388,24 @@ def validate(cfg: DictConfig) -> None:
                           "directory is logger.output_dir/<run_name>: set logger.output_dir to move it")
     check_finetune_window(cfg)
     check_unused_settings(cfg, spec)
+    check_compile_backend(cfg.trainer.compile_backend)
     if cfg.trainer.local_steps is None and cfg.trainer.local_epochs is None:
         raise ConfigError("trainer.local_epochs and trainer.local_steps are both null; set one of them")
     if cfg.fabric.strategy.startswith("ddp") and cfg.fabric.accelerator == "cpu" and cfg.fabric.precision not in (
             "32-true", "32", "64-true", "64", "bf16-mixed", "16-mixed"):
         raise ConfigError(f"fabric.precision={cfg.fabric.precision!r} is not supported on CPU; "
                           "use 32-true, 64-true, bf16-mixed or 16-mixed")
+
+
+def check_compile_backend(backend: str) -> None:
+    if backend == "inductor":
+        return  # torch's default: no need to import Dynamo to know it
+    from torch._dynamo import list_backends
+
+    if backend not in list_backends(exclude_tags=()):
+        raise ConfigError(f"trainer.compile_backend={backend!r} is not a torch.compile backend; valid: "
+                          f"{', '.join(list_backends())}, or a debugging one such as eager or aot_eager "
+                          "(torch._dynamo.list_backends(exclude_tags=()) lists every one)")
 
 
 def check_finetune_window(cfg: DictConfig) -> None:

@@ -45,6 +45,9 @@ class TrainerConfig:
     parallel_clients: int = param(1, ge=1, help="train this many clients of a round at once, vmapped (methods that "
                                   "declare a functional local step; others run one at a time, with a notice)")
     compile: bool = param(False, help="torch.compile the vmapped local step (trainer.parallel_clients > 1)")
+    compile_backend: str = param("inductor", help="torch.compile's backend with trainer.compile: inductor (kernels "
+                                 "generated for the device), or another of torch._dynamo.list_backends(), e.g. "
+                                 "eager (Dynamo's graphs, no generated kernels: no compiler needed)")
     drop_last: bool = False
     participation: float = param(1.0, gt=0.0, le=1.0, help="fraction of clients sampled each round")
     sampling: str = param("fixed", choices=["fixed", "bernoulli"],

@@ -89,7 +89,7 @@ class ParallelClients:
         # one client's gradient, vmapped over the leading client axis of every argument
         self.step_grad = vmap(grad(loss, has_aux=True))
         if cfg.trainer.compile:
-            self.step_grad = torch.compile(self.step_grad)
+            self.step_grad = torch.compile(self.step_grad, backend=cfg.trainer.compile_backend)
 
     # ---- the clients' batches, as the sequential loop draws them -----------------------------------------------
     def _schedule(self, rnd: int, cid: int) -> tuple[object, list[Tensor], Optional[torch.Generator]]:

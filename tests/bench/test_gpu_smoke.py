@@ -75,7 +75,7 @@ def test_the_dry_run_on_the_cpu_runs_every_part_and_meets_its_targets(tmp_path):
     twice = cases[("determinism", "quickstart twice, fabric.deterministic=true")]
     assert twice == "bitwise equal"
     assert cases[("determinism", "1 vs 2 processes (gloo), fabric.deterministic=true")] == "bitwise equal"
-    compiled = cases[("compile", "quickstart, parallel_clients=8 compile=true")]
+    compiled = cases[("compile", "quickstart, parallel_clients=8 compile=true (eager)")]
     assert compiled.startswith("1 graph(s) (0 recompiles), 0 graph breaks")
     precision = [result for (part, case), result in cases.items() if part == "precision" and "(" in case]
     assert len(precision) == len(DRY_RUN_METHODS) and all("FAILED" not in p for p in precision)

@@ -28,6 +28,7 @@ from tests.helpers import run_cli, tiny
                                                     "fabric.strategy=ddp", "auto"]),
     ("fabric.strategy=dp", ["fabric.strategy='dp' is not supported", "one GPU", "fabric.strategy=ddp"]),
     ("data.num_clients=500", ["data.partition.min_client_size"]),
+    ("trainer.compile_backend=inductr", ["trainer.compile_backend='inductr'", "inductor", "eager"]),
     # values that were accepted and ran (issue: silently wrong results)
     ("data.client_train_fraction=[0,1,1,1,1,1]", ["data.client_train_fraction[0]=0", "(0, 1]"]),
     ("data.client_train_fraction=[1,1,-1,1,1,1]", ["data.client_train_fraction[2]=-1"]),

@@ -2,7 +2,6 @@
 global model, client states and metrics within float32 reduction order, with unequal client sizes and step counts
 (masked), SGD with momentum and weight decay, Adam, AdamW and partial participation; other methods fall back to the
 sequential loop with a one-line notice."""
-import functools
 import json
 import re
 from pathlib import Path
@@ -77,15 +76,13 @@ def test_fedavg_k_clients_at_once_equals_the_sequential_loop(out, vmapped_groups
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedprox"])
-def test_one_compiled_graph_serves_a_run_and_equals_the_sequential_loop(out, vmapped_groups, method, monkeypatch):
+def test_one_compiled_graph_serves_a_run_and_equals_the_sequential_loop(out, vmapped_groups, method):
     # unequal clients: groups of 4 and 2, shorter last batches; each shape was a recompile (5 graphs for FedAvg), and
     # FedProx read mu from the config inside the traced step, a graph break that left it uncompiled. Graphs and breaks
     # are TorchDynamo's whatever compiles the graph: FedProx's is run by the eager backend (inductor's kernels are
     # FedAvg's case; compiling FedProx's too cost 12 s of C++ in a fresh clone, and again in the kernel rerun)
     extra = (f"method.name={method}", *UNEQUAL, *OPTIMIZERS["momentum"]) + (
-        ("method.mu=0.1",) if method == "fedprox" else ())
-    if method == "fedprox":
-        monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+        ("method.mu=0.1", "trainer.compile_backend=eager") if method == "fedprox" else ())
     sequential = run_tiny(out, *extra, name="sequential")
     torch.compiler.reset()
     counters.clear()
