@@ -216,7 +216,7 @@ def _load_conf_file(path: Path, seen: tuple, read: list[Path]) -> DictConfig:
         merged = OmegaConf.merge(merged, part)
     own, inherited = (OmegaConf.select(n, "method.name", default=None) for n in (node, merged))
     if own is not None and own != inherited and "method" in merged:
-        merged.method = {"name": own}  # an included protocol's hyperparameters belong to its own method
+        merged.method = {"name": own, **variant_settings(merged.method, inherited, own)}
     drop_replaced_settings(merged, node)
     return OmegaConf.merge(merged, node)
 
@@ -525,7 +525,7 @@ def load_config(argv: list[str], check: bool = True) -> DictConfig:
     import_config_plugins(base, cli)
     file_method, cli_method = _method_name(base), OmegaConf.select(cli, "method.name", default=None)
     if cli_method is not None and cli_method != file_method and "method" in base:
-        base.method = {"name": cli_method}  # the file's hyperparameters belong to the file's method
+        base.method = {"name": cli_method, **variant_settings(base.method, file_method, cli_method)}
     drop_replaced_settings(base, cli)
     cfg = _merge(base, cli)
     try:
@@ -541,6 +541,19 @@ def load_config(argv: list[str], check: bool = True) -> DictConfig:
         validate(cfg)
         check_evaluator_settings(cfg, cli)
     return cfg
+
+
+def variant_settings(block: DictConfig, old: Any, new: str) -> dict:
+    """The file's method settings that `method.name=new` keeps: the file's hyperparameters belong to the file's
+    method, except where `new` is a variant of it (its config subclasses the file method's, as FedACD_base's does
+    FedACD's): then it keeps those of the fields it inherits unchanged, and its own redefined ones take its
+    defaults."""
+    if old not in registry.METHODS or new not in registry.METHODS:
+        return {}
+    parent, child = (registry.METHODS[m].config_cls.__dataclass_fields__ for m in (old, new))
+    if not issubclass(registry.METHODS[new].config_cls, registry.METHODS[old].config_cls):
+        return {}
+    return {k: v for k, v in block.items_ex(resolve=False) if k != "name" and k in child and child[k] is parent.get(k)}
 
 
 def check_evaluator_settings(cfg: DictConfig, cli: DictConfig) -> None:

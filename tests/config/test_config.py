@@ -180,6 +180,24 @@ def test_an_included_protocol_of_another_method_gives_its_settings_but_not_its_h
     assert cfg.trainer == protocol.trainer and cfg.data == protocol.data and cfg.optim == protocol.optim
 
 
+def test_a_variant_of_the_files_method_keeps_the_settings_it_inherits_and_takes_its_own(tmp_path):
+    """FedACD_base's config subclasses FedACD's: switched to it, on the command line or in a file that includes
+    FedACD's twin, the twin's hyperparameters (its mixup alpha, 0.2, not the default 1) stay, and the field it
+    redefines (aggregation) is its own; another method keeps none of them."""
+    twin = load_config(["conf=fedacd_cifar100_dir01_synthetic"])
+    conf = tmp_path / "base_on_fedacd.yaml"
+    conf.write_text("include: [fedacd_cifar100_dir01_synthetic]\nmethod:\n  name: fedacd_base\n")
+    for cfg in (load_config(["conf=fedacd_cifar100_dir01_synthetic", "method.name=fedacd_base"]),
+                load_config([f"conf={conf}"])):
+        assert cfg.method.alpha == twin.method.alpha == 0.2 and cfg.method.aggregation == "uniform"
+        assert {k: v for k, v in cfg.method.items() if k not in ("name", "aggregation")} == {
+            k: v for k, v in twin.method.items() if k not in ("name", "aggregation")}
+    cli = load_config(["conf=fedacd_cifar100_dir01_synthetic", "method.name=fedacd_base", "method.alpha=0.5"])
+    assert cli.method.alpha == 0.5
+    assert dict(load_config(["conf=fedacd_cifar100_dir01_synthetic", "method.name=fedavg"]).method) == {
+        "name": "fedavg"}
+
+
 def test_a_config_file_is_read_again_when_its_bytes_change_and_a_loaded_config_is_the_callers(tmp_path):
     """load_conf_file keeps what it read; a rewrite of the same size at once (the same modification time on a
     coarse clock) must still be seen, and changing one loaded config must not change the next."""
