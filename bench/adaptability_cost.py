@@ -28,8 +28,8 @@ WORKLOADS = {  # name -> fl.train arguments
 }
 SHARDS = "evaluators.adaptability.test_shards=20"
 SETTINGS = {  # name -> the adaptability diagnostic's settings
-    "whole set (the default)": [],
-    "test_shards=20": [SHARDS],
+    "whole set (test_shards=1)": ["evaluators.adaptability.test_shards=1"],
+    "test_shards=20 (the default: a shard per client)": [SHARDS],
     "test_shards=20, train_per_class=32": [SHARDS, "evaluators.adaptability.train_per_class=32"],
     "test_shards=20, train_per_class=8": [SHARDS, "evaluators.adaptability.train_per_class=8"],
 }

@@ -25,10 +25,12 @@ evaluator then sums the per-client results over the processes (each client is on
 every class average, and pi_bar is renormalised over the classes that remain.
 
 Scoring every local model on the whole pooled test set costs, per adaptability round, as many test passes as the
-round trains clients. Two settings make it cheaper (issue 45): `test_shards=k` scores client c's local model on
-shard c mod k of the pooled test set (k stratified shards drawn once from the seed): the round's risk is unbiased for
-the whole-set one, and test/adaptability_se logs its standard error; `train_per_class=m` measures P on at most m
-training images of each class of the client. At 1 and 0 nothing is subsampled: the whole-set numbers, bit for bit.
+round trains clients. By default each client's local model is scored on a shard of its own instead: `test_shards=k`
+scores client c's local model on shard c mod k of the pooled test set (k stratified shards drawn once from the seed),
+and the default k = 0 means one shard per client (data.num_clients), so a round that trains every client scores the
+pooled test set once. The round's risk is unbiased for the whole-set one, and test/adaptability_se logs its standard
+error. `train_per_class=m` measures P on at most m training images of each class of the client. At test_shards=1
+and train_per_class=0 nothing is subsampled: the whole-set numbers, bit for bit.
 """
 from __future__ import annotations
 
@@ -159,10 +161,11 @@ class AdaptabilitySettings:
                        "rounds and the last")
     kl_tau: float = param(1.0 - 1e-5, gt=0.0, lt=1.0, help="diagonal tau of the template Q in the KL(P||Q) "
                           "diagnostic (FedACD's Eq. 10)")
-    test_shards: int = param(1, ge=1, help="score client c's local model on shard c mod k of the pooled test set, "
+    test_shards: int = param(0, ge=0, help="score client c's local model on shard c mod k of the pooled test set, "
                              "split once (from the seed) into k shards that each hold 1/k of every class (k lowered "
                              "to the smallest class's image count): 1/k of the cost, the same risk in expectation, "
-                             "its standard error logged as test/adaptability_se; 1: the whole set")
+                             "its standard error logged as test/adaptability_se; 0: one shard per client "
+                             "(k = data.num_clients); 1: the whole set")
     train_per_class: int = param(0, ge=0, help="P of the KL(P||Q) diagnostic from at most this many of the client's "
                                  "training images of each class (drawn once from the seed); P and test/absent_mass "
                                  "are unbiased under it, the KL (convex in P) slightly high; 0: every image")
@@ -199,11 +202,12 @@ class Adaptability(Evaluator):
         smallest class's image count so that every shard holds every class), drawn once from the seed for this data
         view's set; (None, None, 1) when nothing is sharded."""
         pooled = ctx.data.pooled_test()
-        if self.hp.test_shards == 1:
+        wanted = self.hp.test_shards or ctx.data.num_clients  # 0: a shard per client
+        if wanted == 1:
             return None, None, 1
         if self.shards[0] is not pooled:
             counts = torch.bincount(pooled.y.cpu(), minlength=ctx.data.num_classes)
-            k = min(self.hp.test_shards, int(counts[counts > 0].min())) if len(pooled) else 1
+            k = min(wanted, int(counts[counts > 0].min())) if len(pooled) else 1
             gen = generator(ctx.cfg.seed, 0, -1, "adaptability/test")
             self.shards = (pooled, counts, stratified_shards(pooled.y, k, gen) if k > 1 else None, k)
         return self.shards[1:]

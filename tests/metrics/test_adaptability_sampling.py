@@ -99,18 +99,28 @@ def test_a_per_class_sample_keeps_at_most_that_many_of_each_class():
 
 
 def test_with_nothing_subsampled_the_numbers_are_the_whole_set_ones_bit_for_bit(out):
-    """train_per_class above every class's count keeps every image (and test_shards defaults to 1, the whole set):
-    the run is the default run."""
-    common = ("evaluators.adaptability.every=1", "trainer.rounds=2")
+    """train_per_class above every class's count keeps every image: the run is the whole-set run (test_shards=1,
+    train_per_class=0)."""
+    common = ("evaluators.adaptability.every=1", "trainer.rounds=2", "evaluators.adaptability.test_shards=1")
     default = read_metrics(run_tiny(out, *common, name="default"))
     whole = read_metrics(run_tiny(out, *common, "evaluators.adaptability.train_per_class=100000",
                                   name="all_images"))
     assert default == whole
 
 
+def test_by_default_each_client_has_a_shard_of_its_own(out):
+    """test_shards=0 (the default) is k = data.num_clients, bit for bit."""
+    common = ("evaluators.adaptability.every=1", "trainer.rounds=2", "data.test_split=official")
+    default = read_metrics(run_tiny(out, *common, name="default"))
+    per_client = read_metrics(run_tiny(out, *common, "evaluators.adaptability.test_shards=6", name="six"))
+    assert all("test/adaptability_se" in r for r in default if "test/adaptability" in r)
+    strip = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in default]
+    assert strip == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in per_client]
+
+
 def test_sharding_changes_only_the_risk_and_logs_its_standard_error(out):
     common = ("evaluators.adaptability.every=1", "trainer.rounds=2", "data.test_split=official")
-    whole = read_metrics(run_tiny(out, *common, name="whole"))
+    whole = read_metrics(run_tiny(out, *common, "evaluators.adaptability.test_shards=1", name="whole"))
     sharded = read_metrics(run_tiny(out, *common, "evaluators.adaptability.test_shards=3", name="sharded"))
     for a, b in zip(whole, sharded):
         assert b.keys() - a.keys() == {"test/adaptability_se"}
