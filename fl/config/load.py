@@ -548,8 +548,8 @@ def variant_settings(block: DictConfig, old: Any, new: str) -> dict:
     method, except where `new` is a variant of it (its config subclasses the file method's, as FedACD_base's does
     FedACD's): then it keeps those of the fields it inherits unchanged, and its own redefined ones take its
     defaults."""
-    if old not in registry.METHODS or new not in registry.METHODS:
-        return {}
+    if not (isinstance(old, str) and isinstance(new, str) and old in registry.METHODS and new in registry.METHODS):
+        return {}  # a bad name is refused with the schema's message
     parent, child = (registry.METHODS[m].config_cls.__dataclass_fields__ for m in (old, new))
     if not issubclass(registry.METHODS[new].config_cls, registry.METHODS[old].config_cls):
         return {}
