@@ -22,7 +22,7 @@ from fl.report.runs import BadRun, load_run_dir
 from fl.reproduce.cells import run_value
 from fl.reproduce.paper import ROOT, SCALES, Paper, ReproduceError
 from fl.reproduce.plan import DOUBLED, build_plan
-from fl.reproduce.record import config_hash, provenance, run_argv, run_key
+from fl.reproduce.record import config_hash, deciding, provenance, run_argv, run_key
 from fl.reproduce.timing import twin_seconds
 from fl.sweep.runner import run_jobs
 
@@ -177,7 +177,7 @@ def check(paper: Paper, record: Optional[str], runs: int, parallel: int) -> int:
         job = jobs.get(entry["run"])
         if job is None:
             difference = f"{entry['run']}: the paper file no longer plans this run"
-        elif run_argv(job) != entry.get("overrides"):
+        elif deciding(run_argv(job)) != deciding(entry.get("overrides") or []):
             difference = (f"{entry['run']}: its overrides changed: recorded {' '.join(entry.get('overrides', []))}, "
                           f"now {' '.join(run_argv(job))}")
         elif config_hash(job.config) != entry.get("config_sha1"):  # the record keeps a hash: which key is unknown

@@ -19,7 +19,9 @@ from fl.reproduce.paper import Paper, ReproduceError, SweepRef, Table
 from fl.sweep.runner import Job, check_reuse, plan_points, point_id
 from fl.sweep.spec import Sweep, expand, load_sweep
 
-TWIN_EXTRA = ("fabric.cpu_threads=1",)  # twins run --parallel N at once, one intra-op thread each
+# twins run --parallel N at once, one intra-op thread each; without the partition heatmaps, which no output shows and
+# which cost a twin run more than the rest of its set-up (partition.json is still written)
+TWIN_EXTRA = ("fabric.cpu_threads=1", "logger.partition_plots=false")
 DOUBLED = 2  # the budget check: the cells a claim judges, their first seed again at twice the rounds (claims.py)
 
 

@@ -41,6 +41,12 @@ def run_argv(job) -> list[str]:
     return [*job.sweep.point_argv(job.point), *([f"seed={job.seed}"] if job.seed is not None else []), *job.extra]
 
 
+def deciding(argv: list[str]) -> list[str]:
+    """The overrides that can decide a run's numbers: all but logger.* (where its files go, what it draws), as the
+    reuse check compares configs (fl.sweep.runner.comparable)."""
+    return [a for a in argv if not str(a).startswith("logger.")]
+
+
 def _git(*args: str) -> Optional[str]:
     try:
         proc = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=60)

@@ -195,7 +195,7 @@ def test_reproduce_json_records_every_run_with_its_overrides_metrics_commit_and_
     assert next(r for r in longer if r["point"] == {"arm": "fedprox"})["selected"] == {"t1/quick/FedProx@x2": 60.0}
     fedprox_s1 = next(r for r in runs.values() if r["point"] == {"arm": "fedprox"} and r["seed"] == 1)
     assert fedprox_s1["overrides"] == ["conf=quickstart", "method.name=fedprox", "method.mu=0.1", "seed=1",
-                                       "fabric.cpu_threads=1"]
+                                       "fabric.cpu_threads=1", "logger.partition_plots=false"]
     assert fedprox_s1["status"] == "finished" and fedprox_s1["final"] == {"test/acc_mean_clients": 0.61}
     assert fedprox_s1["selected"] == {"t1/quick/FedProx": 0.61 * 100}
     assert len(fedprox_s1["config_sha1"]) == 40
@@ -292,6 +292,16 @@ def test_a_tiny_reproduction_end_to_end_runs_reuses_its_runs_and_checks_its_reco
     out = capsys.readouterr().out
     assert f"note: {checked}: the same overrides resolve to another config now" in out
     assert "every recorded value of the 1 runs is equal, bit for bit" in out
+    # a logger.* override (where files go, what is drawn: the twins' logger.partition_plots=false) decides no number:
+    # a record without it is checked; another deciding override stops the check before any run
+    assert "logger.partition_plots=false" in entry["overrides"]
+    entry["overrides"] = [a for a in entry["overrides"] if a != "logger.partition_plots=false"]
+    record.write_text(json.dumps(doc))
+    assert main(check) == 0
+    entry["overrides"] = [*entry["overrides"], "trainer.rounds=3"]
+    record.write_text(json.dumps(doc))
+    assert main(check) == 1
+    assert f"{checked}: its overrides changed" in capsys.readouterr().out
 
 
 @pytest.mark.slow
