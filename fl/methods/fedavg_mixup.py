@@ -4,7 +4,8 @@ minibatch as FedACD's do (Sec. 3.3; fl/methods/mixup.py), with the same alpha, a
     mu CE(f(x_mix), y) + (1 - mu) CE(f(x_mix), y[perm]),   x_mix = mu x + (1 - mu) x[perm],  mu ~ Beta(alpha, alpha);
 
 the server averages as FedAvg does. It is the baseline that holds FedACD's mixup and nothing else of FedACD: the
-unstated alpha is chosen on it (conf/twin/fedacd_cifar100_dir01.yaml), never on FedACD.
+unstated alpha is chosen on it (sweeps/fedavg_mixup_alpha_synthetic.yaml, for conf/fedacd_*_synthetic.yaml), never
+on FedACD.
 """
 from __future__ import annotations
 
