@@ -1,13 +1,14 @@
 """What the default evaluators cost per evaluating round, against a training round (issue 45 item 1).
 
-Each workload runs as `python -m fl.train` at one intra-op thread, once per setting of the adaptability diagnostic,
-the settings interleaved over --repeats. From each run's metrics.jsonl: a round's training seconds are time/round_s
-less time/eval_s and time/evaluators_s (the loop's own split, fl/core/loop.py; evaluators_s includes the local-model
-scoring right after each client's training); the table gives, per setting, the median training round, the median
-evaluators' seconds on the rounds where the adaptability diagnostic ran and on the other evaluating rounds, and the
-first as a share of a training round, with the risk and its logged standard error on the last round.
+Each workload runs as `python -m fl.train` at one intra-op thread, once per setting of the adaptability diagnostic
+(FedMosaic's twin: per list of evaluators), the settings interleaved over --repeats. From each run's metrics.jsonl:
+a round's training seconds are time/round_s less time/eval_s and time/evaluators_s (the loop's own split,
+fl/core/loop.py; evaluators_s includes the local-model scoring right after each client's training); the table gives,
+per setting, the median training round, the median evaluators' seconds on the rounds where the adaptability
+diagnostic ran and on the other evaluating rounds, and the first as a share of a training round, with the risk
+and its logged standard error on the last round.
 
-    python bench/adaptability_cost.py [--repeats 3] [--workloads quickstart fedacd_twin] [--threads 1]
+    python bench/adaptability_cost.py [--repeats 3] [--workloads quickstart fedacd_twin fedmosaic_twin] [--threads 1]
 """
 from __future__ import annotations
 
@@ -22,16 +23,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-WORKLOADS = {  # name -> fl.train arguments
-    "quickstart": [],
-    "fedacd_twin": ["conf=fedacd_cifar10_dir03_synthetic", "trainer.rounds=5"],
-}
 SHARDS = "evaluators.adaptability.test_shards=20"
-SETTINGS = {  # name -> the adaptability diagnostic's settings
+ADAPTABILITY = {  # name -> the adaptability diagnostic's settings
     "whole set (test_shards=1)": ["evaluators.adaptability.test_shards=1"],
     "test_shards=20 (the default: a shard per client)": [SHARDS],
     "test_shards=20, train_per_class=32": [SHARDS, "evaluators.adaptability.train_per_class=32"],
     "test_shards=20, train_per_class=8": [SHARDS, "evaluators.adaptability.train_per_class=8"],
+}
+EVALUATORS = {  # FedMosaic's twin, 30 clients with models of their own: the system vote is a test pass per client
+    "the protocol's: the default evaluators less system": [],
+    "every default evaluator (trainer.evaluators=null)": ["trainer.evaluators=null"],
+}
+WORKLOADS = {  # name -> fl.train arguments, the settings compared
+    "quickstart": ([], ADAPTABILITY),
+    "fedacd_twin": (["conf=fedacd_cifar10_dir03_synthetic", "trainer.rounds=5"], ADAPTABILITY),
+    "fedmosaic_twin": (["conf=fedmosaic_domainnet_synthetic", "trainer.rounds=5", "trainer.eval_every=5"], EVALUATORS),
 }
 
 
@@ -61,15 +67,16 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     opts = ap.parse_args()
     for workload in opts.workloads:
-        seen = {name: {"training": [], "adaptability": [], "other": [], "last": None} for name in SETTINGS}
+        args, settings = WORKLOADS[workload]
+        seen = {name: {"training": [], "adaptability": [], "other": [], "last": None} for name in settings}
         for _ in range(opts.repeats):
-            for name, extra in SETTINGS.items():  # interleaved: a drift in the machine's speed hits both alike
+            for name, extra in settings.items():  # interleaved: a drift in the machine's speed hits both alike
                 with tempfile.TemporaryDirectory() as tmp:
-                    rows = run([*WORKLOADS[workload], *extra], Path(tmp), opts.threads)
+                    rows = run([*args, *extra], Path(tmp), opts.threads)
                 for kind, values in split(rows).items():
                     seen[name][kind] += values
                 seen[name]["last"] = next(r for r in reversed(rows) if "test/adaptability" in r)
-        print(f"\n{workload}: {' '.join(WORKLOADS[workload]) or 'the quickstart'}, {opts.threads} thread(s), "
+        print(f"\n{workload}: {' '.join(args) or 'the quickstart'}, {opts.threads} thread(s), "
               f"{opts.repeats} runs a setting")
         print("| setting | training round (s) | evaluators, adaptability round (s) | share of a training round "
               "| evaluators, other evaluating rounds (s) | test/adaptability | test/adaptability_se |")
