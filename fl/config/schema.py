@@ -54,9 +54,6 @@ class TrainerConfig:
                           help="fixed: round(participation x clients) clients each round; bernoulli: each client "
                           "independently with probability participation (a round may have none: it trains nothing)")
     eval_every: int = param(1, ge=1, help="evaluate every k rounds (and always at the last round)")
-    eval_last_k_only: bool = param(False, help="evaluate only the rounds whose evaluations the summary's mean over "
-                                   "the last K (trainer.last_k) averages: a run read by its summary skips the earlier "
-                                   "ones (its curves start there)")
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     eval_batch_size: Optional[int] = param(None, ge=1, help="evaluation batch size; null: 128 on a CPU (within "
                                            "30% of the fastest measured there, bench/README.md), 1024 on a GPU")
