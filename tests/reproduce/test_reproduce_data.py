@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from fl.config import load_config
 from fl.reproduce.plan import build_plan
 from fl.reproduce.spec import SCALES, available_papers, load_paper
 from fl.reproduce.timing import paper_scale, parse_duration
+from fl.sweep import runner
 from fl.sweep.runner import plan_points
 from fl.sweep.spec import expand, load_sweep
 from tests.helpers import ROOT
@@ -20,9 +22,18 @@ OUT = Path("/plan-only")  # build_plan names run folders under it and writes not
 
 @functools.cache
 def plan(name: str, scale: str = "twin", every_cell: bool = False, baselines_only: bool = False):
-    """A paper's plan at seed 0, built once per pytest process (several tests read the same one)."""
+    """A paper's plan at seed 0, built once per pytest process; the run configs it loads are kept for the next plan
+    (a budget's runs are the every-cell plan's: loading each once is most of what these tests cost)."""
     paper = load_paper(name)
-    return build_plan(paper, paper.tables, scale, [0], OUT, [], every_cell=every_cell, baselines_only=baselines_only)
+    with pytest.MonkeyPatch.context() as patch:  # plan_points only reads the config it loads
+        patch.setattr(runner, "load_config", lambda argv: loaded(tuple(argv)))
+        return build_plan(paper, paper.tables, scale, [0], OUT, [], every_cell=every_cell,
+                          baselines_only=baselines_only)
+
+
+@functools.cache
+def loaded(argv: tuple[str, ...]):
+    return load_config(list(argv))
 
 
 def test_the_five_seed_papers_are_here():
@@ -45,7 +56,9 @@ def test_every_paper_parses_with_numbers_and_claims(name):
 def test_every_cell_resolves_to_sweep_points_whose_configs_load(name, scale):
     """build_plan loads every sweep (fl.sweep's loader) and every run config (fl.config's load_config) of every cell,
     the twin cells outside the time budget included (--every-cell), and raises on any that does not; every number of
-    a column with a sweep at that scale has runs that regenerate it."""
+    a column with a sweep at that scale has runs that regenerate it. At twin scale the same test checks the plans
+    built from that one (the plans are the slow part: every run config loaded; one test builds a paper's once):
+    the budget's and --baselines'."""
     paper = load_paper(name)
     planned_cells = plan(name, scale, every_cell=True)
     for table in paper.tables:
@@ -60,24 +73,21 @@ def test_every_cell_resolves_to_sweep_points_whose_configs_load(name, scale):
     assert all(job.config for job in planned_cells.jobs)
     if scale == "twin":  # the twins run with one intra-op thread each, --parallel of them at once
         assert all("fabric.cpu_threads=1" in job.extra for job in planned_cells.jobs)
+        the_twin_budget_runs_a_subset_and_names_what_it_leaves(paper, planned_cells, plan(name))
+        baselines_plans_exactly_the_reference_baseline_cells_of_the_budget(paper, plan(name),
+                                                                             plan(name, baselines_only=True))
 
 
-@pytest.mark.parametrize("name", PAPERS)
-def test_the_twin_budget_runs_a_subset_and_names_what_it_leaves(name):
-    paper = load_paper(name)
-    every, budget = plan(name, every_cell=True), plan(name)
+def the_twin_budget_runs_a_subset_and_names_what_it_leaves(paper, every, budget):
     assert budget.cells and set(budget.cells) <= set(every.cells)
     for key in set(every.cells) - set(budget.cells):
         assert "outside the 40-minute twin budget" in budget.not_run[key]
         assert not paper.table(key.table).column(key.column).in_budget(key.row)
 
 
-@pytest.mark.parametrize("name", PAPERS)
-def test_baselines_plans_exactly_the_reference_baseline_cells_of_the_budget(name):
+def baselines_plans_exactly_the_reference_baseline_cells_of_the_budget(paper, budget, calibration):
     """--baselines (bench/calibrate_twins.py): the budget's cells whose row is a table's reference baseline, with
     the same runs, and no other row's."""
-    paper = load_paper(name)
-    budget, calibration = plan(name), plan(name, baselines_only=True)
     want = {k: v for k, v in budget.cells.items() if k.row in paper.table(k.table).baselines}
     assert want and {k: [j.run_dir for j in v] for k, v in calibration.cells.items()} == {
         k: [j.run_dir for j in v] for k, v in want.items()}

@@ -12,8 +12,8 @@ from fl.sweep.runner import Job
 from fl.sweep.spec import parse_sweep
 from tests.helpers import ROOT, run_cli
 
-# the value of OMP_WAIT_POLICY when torch is first imported, printed then (fl.train's entry ends its process with
-# os._exit, so nothing after it runs), while the entry point runs as `python -m <module> --help`
+# the value of OMP_WAIT_POLICY when torch is first imported, printed then, while the entry point runs as
+# `python -m <module> --help`; the process ends there (what it would do after torch loads cannot change the value)
 PROBE = """
 import importlib.abc, json, os, runpy, sys
 class Watch(importlib.abc.MetaPathFinder):
@@ -22,6 +22,7 @@ class Watch(importlib.abc.MetaPathFinder):
         if name == "torch" and not Watch.seen:
             Watch.seen = True
             print("AT_TORCH " + json.dumps(os.environ.get("OMP_WAIT_POLICY")), flush=True)
+            os._exit(0)
 sys.meta_path.insert(0, Watch())
 sys.argv = [sys.argv[1], "--help"]
 try:
