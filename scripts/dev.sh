@@ -2,6 +2,7 @@
 # Set-up and everyday commands. Creates .venv on first use (Python 3.10+ and pip are all it needs).
 #   bash scripts/dev.sh quickstart [key=value ...]   run the quickstart (conf/quickstart.yaml)
 #   bash scripts/dev.sh test [pytest args]            run the test suite (-m "not slow": the fast part)
+#   bash scripts/dev.sh coverage [pytest args]        the suite under coverage.py: line coverage of fl/, every process
 #   bash scripts/dev.sh lint                          ruff on fl/, tests/ and bench/
 #   bash scripts/dev.sh bench [args]                  framework-overhead and memory benchmark
 set -euo pipefail
@@ -27,7 +28,17 @@ case "$cmd" in
   # starts would compile fl's sources again (0.5 s of CPU a process)
   test) "$VENV/bin/python" -m compileall -q fl tests bench
         exec "$VENV/bin/python" -m pytest -n auto --dist worksteal --durations=25 "$@" ;;
+  # every process the suite starts writes its own data file (pyproject.toml, [tool.coverage.run]), combined at the end;
+  # COVERAGE_FILE is absolute because the runs' processes start in their own folders
+  coverage) "$VENV/bin/python" -m compileall -q fl tests bench
+            export COVERAGE_FILE="$PWD/.coverage"
+            rm -f .coverage .coverage.*
+            status=0
+            "$VENV/bin/python" -m coverage run -m pytest -n auto --dist worksteal "$@" || status=$?
+            "$VENV/bin/python" -m coverage combine -q
+            "$VENV/bin/python" -m coverage report --skip-covered --sort=miss | tail -25
+            exit $status ;;
   lint) exec "$VENV/bin/ruff" check fl tests bench "$@" ;;
   bench) exec "$VENV/bin/python" bench/fedavg_overhead.py "$@" ;;
-  *) echo "usage: bash scripts/dev.sh quickstart|test|lint|bench [args]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/dev.sh quickstart|test|coverage|lint|bench [args]" >&2; exit 2 ;;
 esac
