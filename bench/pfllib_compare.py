@@ -7,10 +7,11 @@ test, one .npz a client, normalised as fl normalises them), so both train on the
 variant once, the order rotated; both get fl's thread policy (OMP_WAIT_POLICY=PASSIVE). Prints the median wall time
 of each and its ratio to PFLlib's.
 
-    python bench/pfllib_compare.py --pfllib DIR [--python PY] [--repeats 3] [--rounds 6] [--ks 1 4]
+    python bench/pfllib_compare.py --pfllib DIR [--python PY] [--repeats 3] [--rounds 6] [--ks 1 4] [--threads N]
 
 DIR: a checkout of https://github.com/TsingZ0/PFLlib (measured at d832e76); PY: an interpreter with PFLlib's
-requirements (scikit-learn, h5py, calmsize, ujson and torch; default: this one).
+requirements (scikit-learn, h5py, calmsize, ujson and torch; default: this one). --threads N: OMP_NUM_THREADS=N for
+every process of both frameworks (default: unset, torch's own choice, one thread a core).
 """
 from __future__ import annotations
 
@@ -61,9 +62,9 @@ def write_pfllib_data(cfg, folder: Path) -> None:
                 np.savez_compressed(f, data={"x": x, "y": part.y.numpy().astype(np.int64)})
 
 
-def timed(command: list[str], cwd: Path, name: str) -> float:
+def timed(command: list[str], cwd: Path, name: str, env: dict) -> float:
     start = time.time()
-    done = subprocess.run(command, cwd=cwd, env=env_for_one_of(1), capture_output=True, text=True)
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{name}: exit {done.returncode}\n{(done.stderr or done.stdout)[-2000:]}")
     return time.time() - start
@@ -76,7 +77,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--ks", type=int, nargs="+", default=[1, 4], help="fl's trainer.parallel_clients values")
+    p.add_argument("--threads", type=int, help="OMP_NUM_THREADS of every process, both frameworks")
     args = p.parse_args()
+    env = env_for_one_of(1)
+    if args.threads is not None:
+        env["OMP_NUM_THREADS"] = str(args.threads)
     system = args.pfllib / "system"
     if not (system / "main.py").is_file():
         print(f"--pfllib: {args.pfllib} has no system/main.py; give a checkout of PFLlib", file=sys.stderr)
@@ -94,13 +99,15 @@ def main() -> None:
                 commands[f"fl K={k}, {label}"] = ([sys.executable, "-m", "fl.train", *base,
                                                    f"trainer.parallel_clients={k}", *extra], ROOT)
         for name, (command, cwd) in commands.items():  # untimed: the data cache, the page cache
-            timed(command, cwd, name)
+            timed(command, cwd, name, env)
         names, times = list(commands), {name: [] for name in commands}
         for rep in range(args.repeats):
             for name in names[rep % len(names):] + names[:rep % len(names)]:
-                times[name].append(timed(*commands[name], name))
+                times[name].append(timed(*commands[name], name, env))
     pfllib = statistics.median(times["PFLlib"])
-    print(f"FedAvg, {CLIENTS} clients, FedAvgCNN, {args.rounds} rounds, whole processes, median of {args.repeats}:")
+    threads = f"OMP_NUM_THREADS={args.threads}" if args.threads is not None else "threads: torch's default"
+    print(f"FedAvg, {CLIENTS} clients, FedAvgCNN, {args.rounds} rounds, whole processes, median of {args.repeats}, "
+          f"{threads}:")
     for name, runs in times.items():
         median = statistics.median(runs)
         print(f"  {name:28s} {median:6.2f} s   ratio to PFLlib {median / pfllib:.2f}   "
