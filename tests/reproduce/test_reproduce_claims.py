@@ -9,7 +9,7 @@ from fl.reproduce.cells import Cell, CellKey, make_cell
 from fl.reproduce.claims import FAILS, HOLDS, UNRESOLVED, better, evaluate, rank, spearman, within
 from fl.reproduce.paper import ReproduceError
 from fl.reproduce.spearman import spearman_rho
-from fl.reproduce.spec import parse_paper
+from fl.reproduce.spec import load_paper, parse_paper
 
 
 def cell(*values) -> Cell:
@@ -156,6 +156,71 @@ def test_a_twin_note_is_shown_beside_a_twin_verdict_that_does_not_hold_and_scale
 def test_malformed_claims_name_the_field(claim, message):
     with pytest.raises(ReproduceError, match=message):
         paper_with(**claim)
+
+
+def _set(doc: dict, path: str, value) -> dict:
+    """doc with the value at a dotted path (a number indexes a list) set; DELETE removes the key."""
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+    at = doc
+    for part in parents:
+        at = at[part]
+    if value is DELETE:
+        del at[last]
+    else:
+        at[last] = value
+    return doc
+
+
+DELETE = object()
+ROW0 = {"method": "A", "arm": "a", "paper": {"c1": [90.0, 0.1]}}
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("tables.0.stat", "median", r"tables\[0\]\(t\)\.stat: 'median' is not valid; choices"),
+    ("tables.0.unit", "furlongs", r"\.unit: 'furlongs' is not valid; choices"),
+    ("tables.0.stat", "best_val", "best_val needs select: val/<metric>"),
+    ("tables.0.caption", DELETE, r"tables\[0\]\(t\)\.caption: expected a non-empty str"),
+    ("tables.0.columns.1.id", "c1", r"\.columns: an id is used twice"),
+    ("tables.0.columns.1.paper_column", "zz", r"columns\(c2\)\.paper_column: 'zz' is not a column"),
+    ("tables.0.columns.1.colour", "red", r"columns\[1\]: unknown field 'colour'"),
+    ("tables.0.columns.1.twin_budget", 3, "twin_budget: expected true, false or a list of the rows"),
+    ("tables.0.columns.1.twin_budget", ["Z"], r"columns\(c2\): twin_budget / twin_skip name 'Z', not a row"),
+    ("tables.0.columns.1.twin", "sweeps/x.yaml", r"columns\[1\]\.twin: expected a list of \{sweep, where, overrides"),
+    ("tables.0.columns.1.twin", [{"sweep": "s.yaml", "conf": "x"}], "twin\\[0\\]: unknown field 'conf'; fields: sweep"),
+    ("tables.0.columns.1.twin", [{"sweep": "s.yaml", "overrides": ["seed"]}], "overrides: expected a list of key="),
+    ("tables.0.columns.1.twin", [{"sweep": "s.yaml", "where": ["x"]}], r"\.where: expected a mapping key -> value"),
+    ("tables.0.columns.1.real", [{"where": {}}], r"\.paper\[0\]\.sweep: expected a non-empty str"),
+    ("tables.0.rows.0", {**ROW0, "points": {"x": 1}}, r"rows\[0\]: give arm: NAME or points"),
+    ("tables.0.rows.0", {**ROW0, "paper": {"c9": [1.0, 0.1]}}, r"rows\[0\]\.paper\.c9: not a column of the table"),
+    ("tables.0.rows.0", {**ROW0, "paper": {"c1": [None, 0.1]}}, r"paper\.c1: expected \[mean, std\] as printed"),
+    ("tables.0.rows.0", {**ROW0, "colour": "red"}, r"rows\[0\]: unknown field 'colour'"),
+    ("tables.0.rows.1.method", "A", r"\.rows: a method is listed twice"),
+    ("tables.0.baselines", ["Z"], r"\.baselines: expected a list of the table's rows .*rows: A, B, C, D"),
+    ("tables.1.id", "t", "a table id is used twice"),
+    ("extra", 1, "unknown field 'extra'; fields: paper, title, source, tables, claims"),
+    ("title", "", "p.yaml.title: expected a non-empty str"),
+])
+def test_malformed_tables_name_the_field(path, value, message):
+    """A paper file's mistakes stop it in one line naming where (fl/reproduce/spec.py), before anything runs."""
+    with pytest.raises(ReproduceError, match=message) as err:
+        parse_paper(_set(paper_doc(), path, value), Path("p.yaml"))
+    assert "\n" not in str(err.value)
+
+
+def test_malformed_papers_and_claim_lists_name_the_problem(tmp_path):
+    doc = paper_doc(rule="better", table="t", a="A", b="B", column="c1")
+    for broken, message in ((["a list"], "expected a mapping with paper, title, tables, claims"),
+                            ({**doc, "claims": doc["claims"] * 2}, "a claim id is used twice"),
+                            ({**doc, "claims": [{**doc["claims"][0], "scales": ["huge"]}]},
+                             r"claims\[0\]\(x\)\.scales: expected a list of")):
+        with pytest.raises(ReproduceError, match=message):
+            parse_paper(broken, Path("p.yaml"))
+    with pytest.raises(ReproduceError, match="paper 'nope' is not known; choices: fedacd, feddrm"):
+        load_paper("nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("paper: [unclosed\n")
+    with pytest.raises(ReproduceError, match=f"{bad}: cannot parse YAML: "):
+        load_paper(str(bad))
 
 
 def test_a_variant_column_equal_to_its_base_seed_for_seed_says_so():

@@ -229,6 +229,19 @@ def test_check_options_are_checked(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("stage, message", [("make_plan", "interrupted\n"),
+                                            ("reproduce", "interrupted; run the same command again to continue")])
+def test_ctrl_c_while_planning_or_running_ends_with_130_in_one_line(tmp_path, capsys, monkeypatch, stage, message):
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(f"fl.reproduce.cli.{stage}", stop)
+    assert main([tiny_paper(tmp_path), "--out", str(tmp_path / "o")]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and err.lstrip("\n").startswith(message.strip()), err
+    assert not list(tmp_path.joinpath("o").rglob("reproduce.md"))
+
+
 def test_a_finished_run_with_a_damaged_config_is_named_in_one_line_and_nothing_is_written(tmp_path, capsys):
     paper = tiny_paper(tmp_path)
     fake_finished_runs(tmp_path, paper, {"fedavg": [0.50, 0.52, 0.54], "fedprox": [0.60, 0.61, 0.62]})
