@@ -94,7 +94,7 @@ def _claim_md(result: ClaimResult) -> list[str]:
     out += [f"  - {check_line(ch)}" for ch in result.checks if ch.verdict]
     out += [f"  - {line}" for line in _skipped(result)]
     if result.note:
-        out.append(f"  - {'known, measured earlier: ' if c.twin_note and result.note == c.twin_note else ''}"
+        out.append(f"  - {'twin note: ' if c.twin_note and result.note == c.twin_note else ''}"
                    f"{result.note}")
     return out
 
